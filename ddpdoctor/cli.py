@@ -1,0 +1,296 @@
+"""The `ddpdoctor` command. Thin: options in, call the engine/probe/env, report out.
+
+Exit status everywhere: 0 nothing found, 1 findings (or a failed check), 2 usage error, unreadable
+path or internal error. Errors are one line on stderr, never a traceback.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any, Callable, Optional, Sequence, TypeVar
+
+import click
+
+from ddpdoctor import __version__
+from ddpdoctor.catalog import CatalogError, load_catalog, rule_info
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+EXIT_CLEAN, EXIT_FINDINGS, EXIT_ERROR = 0, 1, 2
+
+
+def fail(message: str) -> "click.exceptions.Exit":
+    click.echo(f"ddpdoctor: error: {message}", err=True)
+    return click.exceptions.Exit(EXIT_ERROR)
+
+
+class DoctorGroup(click.Group):
+    """A click group that turns any unexpected exception into a one-line error and exit 2."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except (click.exceptions.Exit, click.exceptions.Abort, click.ClickException, SystemExit):
+            raise
+        except KeyboardInterrupt:
+            click.echo("ddpdoctor: interrupted", err=True)
+            raise click.exceptions.Exit(130) from None
+        except CatalogError as error:
+            raise fail(f"broken rule catalog: {error}") from None
+        except Exception as error:  # noqa: BLE001 - the last line of defence against tracebacks
+            if os.environ.get("DDPDOCTOR_DEBUG"):
+                raise
+            raise fail(
+                f"internal error: {type(error).__name__}: {error} (set DDPDOCTOR_DEBUG=1 for a traceback)"
+            ) from None
+
+
+@click.group(cls=DoctorGroup, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, "--version", prog_name="ddpdoctor", message="%(prog)s %(version)s")
+def main() -> None:
+    """A linter and doctor for distributed PyTorch training (DDP, Horovod, DataParallel, SyncBatchNorm, AMP).
+
+    \b
+      ddpdoctor lint train.py        static checks, never runs your code
+      ddpdoctor probe --nproc 4      launch real ranks and prove they agree
+      ddpdoctor env                  the environment doctor (GPUs, NCCL, launch variables)
+      ddpdoctor rules / explain CODE the rule catalog
+    """
+
+
+# --------------------------------------------------------------------------------------------- lint
+
+
+def _use_color(output_file: Optional[str]) -> bool:
+    if output_file or os.environ.get("NO_COLOR"):
+        return False
+    if os.environ.get("FORCE_COLOR"):
+        return True
+    return sys.stdout.isatty()
+
+
+@main.command()
+@click.argument("paths", nargs=-1, type=click.Path())
+@click.option("--select", help="Comma-separated codes or prefixes to enable instead of the defaults (ALL for every rule).")
+@click.option("--ignore", help="Comma-separated codes or prefixes to disable.")
+@click.option("--extend-select", help="Comma-separated codes or prefixes to enable on top of the selection.")
+@click.option("--format", "output_format", type=click.Choice(["text", "json", "sarif", "github"]), default="text", show_default=True)
+@click.option("--output-file", "-o", type=click.Path(dir_okay=False, writable=True), help="Write the report to a file.")
+@click.option("--exit-zero", is_flag=True, help="Exit 0 even when findings are reported.")
+@click.option("--statistics", is_flag=True, help="Show a count per rule.")
+@click.option("-j", "--jobs", type=click.IntRange(min=1), default=None, help="Worker processes (default: all cores).")
+@click.option("--no-cache", is_flag=True, help="Do not read or write the result cache.")
+@click.option("--world-size", type=click.IntRange(min=1), default=None, help="Processes/GPUs the script runs with (for rules that need it).")
+@click.option("--fix", is_flag=True, help="Apply safe fixes in place.")
+@click.option("--diff", is_flag=True, help="Show the fixes as a diff instead of writing them.")
+@click.option("--stdin-filename", help="The name to report for '-' (standard input), also used for per-file-ignores.")
+@click.option("--config", "config_file", type=click.Path(exists=True, dir_okay=False), help="Use this ddpdoctor.toml/pyproject.toml.")
+@click.option("-q", "--quiet", is_flag=True, help="Print findings only; nothing when clean.")
+def lint(
+    paths: Sequence[str],
+    select: Optional[str],
+    ignore: Optional[str],
+    extend_select: Optional[str],
+    output_format: str,
+    output_file: Optional[str],
+    exit_zero: bool,
+    statistics: bool,
+    jobs: Optional[int],
+    no_cache: bool,
+    world_size: Optional[int],
+    fix: bool,
+    diff: bool,
+    stdin_filename: Optional[str],
+    config_file: Optional[str],
+    quiet: bool,
+) -> None:
+    """Lint training scripts (files, folders, or '-' for standard input)."""
+    from ddpdoctor.config import ConfigError, find_config, load_settings, split_codes
+    from ddpdoctor.lint import fixes as fixing
+    from ddpdoctor.lint.engine import FileResult, RunResult, lint_bytes, lint_paths, read_text_for_frames
+    from ddpdoctor.lint.files import PathError
+    from ddpdoctor.report import ReportContext, render
+
+    paths = list(paths) or ["."]
+    use_stdin = "-" in paths
+    if use_stdin and len(paths) > 1:
+        raise fail("'-' (standard input) cannot be combined with other paths")
+    try:
+        if config_file:
+            settings = load_settings(Path(config_file))
+        else:
+            start = Path(stdin_filename) if (use_stdin and stdin_filename) else Path(paths[0] if not use_stdin else ".")
+            if not start.exists():
+                start = Path(".")
+            settings = load_settings(find_config(start.resolve()))
+        if select is not None:
+            # Like ruff: a command-line --select starts the selection afresh, so the
+            # configuration's ignore/extend-select no longer apply.
+            settings = settings.merged(select=split_codes(select), ignore=(), extend_select=())
+        settings = settings.merged(world_size=world_size)
+        if ignore is not None:
+            settings = settings.merged(ignore=settings.ignore + (split_codes(ignore) or ()))
+        if extend_select is not None:
+            settings = settings.merged(extend_select=settings.extend_select + (split_codes(extend_select) or ()))
+        enabled = settings.enabled_codes()  # validates every code
+    except ConfigError as error:
+        raise fail(str(error)) from None
+
+    do_fix = fix or diff
+    run = RunResult()
+    empty_dirs: list[str] = []
+    if use_stdin:
+        name = stdin_filename or "<stdin>"
+        data = sys.stdin.buffer.read()
+        codes = settings.codes_for(name, enabled)
+        run.files = [lint_bytes(data, name, codes, settings.world_size, fix=do_fix)]
+    else:
+        try:
+            run, empty_dirs = lint_paths(paths, settings, jobs=jobs, use_cache=not no_cache, fix=do_fix)
+        except PathError as error:
+            raise fail(str(error)) from None
+    for directory in empty_dirs:
+        click.echo(f"ddpdoctor: warning: no Python files found in {directory}", err=True)
+
+    diffs: list[str] = []
+    for result in run.files:
+        if result.fixed_source is None:
+            continue
+        assert result.source is not None
+        if diff:
+            diffs.append(fixing.unified_diff(result.path, result.source, result.fixed_source))
+        elif use_stdin:
+            sys.stdout.write(result.fixed_source)
+        else:
+            data = _encode_like(result.path, result.fixed_source)
+            fixing.atomic_write(result.path, data)
+
+    findings = run.findings
+    if diff:
+        if diffs:
+            click.echo("".join(diffs), nl=False)
+            fixable = sum(r.fixed for r in run.files)
+            click.echo(f"Would fix {fixable} problem{'s' if fixable != 1 else ''}.", err=True)
+        for error in run.errors:
+            click.echo(f"ddpdoctor: error: {error}", err=True)
+        raise click.exceptions.Exit(EXIT_ERROR if run.errors else (EXIT_FINDINGS if diffs and not exit_zero else EXIT_CLEAN))
+
+    color = output_format == "text" and _use_color(output_file)
+    sources: dict[str, str] = {}
+    if color:
+        for result in run.files:
+            if result.findings:
+                text = result.source if result.source is not None else read_text_for_frames(result.path)
+                if text is not None:
+                    sources[result.path] = text
+    context = ReportContext(
+        files_checked=len(run.files),
+        color=color,
+        show_source=color,
+        statistics=statistics,
+        sources=sources,
+        fixed=run.fixed,
+        quiet=quiet or (use_stdin and fix),
+    )
+    report = render(findings, output_format, context)
+    if output_file:
+        Path(output_file).write_text(report, encoding="utf-8")
+    elif report and not (use_stdin and fix):
+        click.echo(report, nl=not report.endswith("\n"))
+    elif use_stdin and fix and report:
+        click.echo(report, err=True, nl=not report.endswith("\n"))
+    for error in run.errors:
+        click.echo(f"ddpdoctor: error: {error}", err=True)
+    if run.errors:
+        raise click.exceptions.Exit(EXIT_ERROR)
+    if findings and not exit_zero:
+        raise click.exceptions.Exit(EXIT_FINDINGS)
+
+
+def _encode_like(path: str, text: str) -> bytes:
+    """Encode fixed text the way the original file was encoded (coding cookie, BOM)."""
+    import tokenize
+    from io import BytesIO
+
+    with open(path, "rb") as handle:
+        original = handle.read()
+    encoding, _ = tokenize.detect_encoding(BytesIO(original).readline)
+    if encoding == "utf-8-sig":
+        return b"\xef\xbb\xbf" + text.encode("utf-8")
+    return text.encode(encoding)
+
+
+# ------------------------------------------------------------------------------------ rules/explain
+
+
+@main.command()
+@click.option("--format", "output_format", type=click.Choice(["text", "json"]), default="text", show_default=True)
+@click.option("--all", "show_all", is_flag=True, help="Include the env checks (ENV codes) too.")
+def rules(output_format: str, show_all: bool) -> None:
+    """List the rules: code, name, severity, default on/off, fixable."""
+    catalog = [i for i in load_catalog().values() if show_all or i.kind == "lint"]
+    if output_format == "json":
+        payload = [{k: v for k, v in info.to_dict().items() if k != "body"} for info in catalog]
+        click.echo(json.dumps(payload, indent=2))
+        return
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(box=None, header_style="bold", pad_edge=False)
+    for column in ("code", "name", "severity", "default", "fixable", "summary"):
+        table.add_column(column, overflow="fold" if column == "summary" else "ellipsis", no_wrap=column != "summary")
+    for info in catalog:
+        table.add_row(
+            info.code, info.name, info.severity.value, "on" if info.default_on else "off",
+            "yes" if info.fixable else "", info.summary,
+        )
+    Console(highlight=False, soft_wrap=False).print(table)
+
+
+@main.command()
+@click.argument("code")
+@click.option("--format", "output_format", type=click.Choice(["text", "json"]), default="text", show_default=True)
+def explain(code: str, output_format: str) -> None:
+    """Show a rule's page: what it catches, why it matters, a bad and a fixed example."""
+    info = rule_info(code.strip())
+    if info is None:
+        raise fail(f"unknown rule code {code!r} (see 'ddpdoctor rules')")
+    if output_format == "json":
+        click.echo(json.dumps(info.to_dict(), indent=2))
+        return
+    from rich.console import Console
+    from rich.markdown import Markdown
+
+    console = Console(highlight=False)
+    header = (
+        f"severity: {info.severity.value} · default: {'on' if info.default_on else 'off'}"
+        f" · fixable: {'yes' if info.fixable else 'no'}"
+    )
+    if console.is_terminal:
+        console.print(Markdown(info.body))
+        console.print(f"[dim]{header}[/dim]")
+    else:
+        # Piped: the page's own Markdown, which is readable as plain text and greppable.
+        click.echo(info.body.rstrip("\n"))
+        click.echo(f"\n{header}")
+
+
+# ---------------------------------------------------------------------------------- probe and env
+
+
+def _attach_optional_commands() -> None:
+    """`probe` and `env` live in their own packages; their modules import torch lazily."""
+    for module_name, attribute in (("ddpdoctor.probe.command", "probe"), ("ddpdoctor.env.command", "env")):
+        try:
+            module = __import__(module_name, fromlist=[attribute])
+        except ImportError:
+            continue
+        command = getattr(module, attribute, None)
+        if isinstance(command, click.Command):
+            main.add_command(command, attribute)
+
+
+_attach_optional_commands()

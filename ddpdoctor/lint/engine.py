@@ -1,0 +1,297 @@
+"""The lint pipeline: read -> cheap pre-filter -> parse once -> facts -> rules -> suppression.
+
+Also: parallel workers, the result cache and `--fix`/`--diff` rounds. Nothing here knows what any
+particular rule checks; rules know nothing of files, workers or caches.
+"""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import os
+import re
+import tokenize
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass, field
+from io import BytesIO
+from pathlib import Path
+from typing import Iterable, Optional, Sequence, Union
+
+import libcst as cst
+
+from ddpdoctor.catalog import rule_info
+from ddpdoctor.config import Settings
+from ddpdoctor.findings import Finding, Severity
+from ddpdoctor.lint import fixes as fixing
+from ddpdoctor.lint.cache import ResultCache, content_hash
+from ddpdoctor.lint.facts import ModuleFacts
+from ddpdoctor.lint.files import discover
+from ddpdoctor.lint.rules.base import Rule, all_rules
+from ddpdoctor.lint.suppress import apply_suppressions
+
+PARSE_ERROR_CODE = "DDP999"
+MAX_FIX_ROUNDS = 8
+# Below this many files, worker start-up costs more than it saves.
+PARALLEL_THRESHOLD = 16
+
+
+@dataclass
+class FileResult:
+    path: str
+    findings: list[Finding]
+    source: Optional[str] = None  # the decoded text (for code frames); None when not read as text
+    fixed_source: Optional[str] = None  # set by --fix/--diff when fixes changed the file
+    fixed: int = 0
+    error: Optional[str] = None  # an I/O problem with this file (reported, exit 2)
+    cached: bool = False
+    parsed: bool = False
+
+
+@dataclass
+class RunResult:
+    files: list[FileResult] = field(default_factory=list)
+
+    @property
+    def findings(self) -> list[Finding]:
+        return sorted((f for r in self.files for f in r.findings), key=Finding.sort_key)
+
+    @property
+    def errors(self) -> list[str]:
+        return [r.error for r in self.files if r.error]
+
+    @property
+    def fixed(self) -> int:
+        return sum(r.fixed for r in self.files)
+
+
+def _parse_error(path: str, message: str, line: int = 1, column: int = 1) -> Finding:
+    info = rule_info(PARSE_ERROR_CODE)
+    return Finding(
+        code=PARSE_ERROR_CODE,
+        name=info.name if info else "unparsable-file",
+        severity=info.severity if info else Severity.ERROR,
+        message=message,
+        path=path,
+        line=line,
+        column=column,
+        end_line=line,
+        end_column=column,
+    )
+
+
+def decode(data: bytes, path: str) -> Union[str, Finding]:
+    """Bytes -> text following PEP 263 (BOM, coding cookie), or a DDP999 finding."""
+    if b"\x00" in data:
+        return _parse_error(path, "not a Python source file: it contains NUL bytes (a binary file?)")
+    try:
+        encoding, _ = tokenize.detect_encoding(BytesIO(data).readline)
+    except SyntaxError as error:
+        return _parse_error(path, f"cannot decode: {error}")
+    try:
+        text = data.decode(encoding)
+    except UnicodeDecodeError as error:
+        line = data.count(b"\n", 0, error.start) + 1
+        column = error.start - (data.rfind(b"\n", 0, error.start) + 1) + 1
+        return _parse_error(path, f"cannot decode as {encoding}: invalid byte 0x{data[error.start]:02x}", line, column)
+    except LookupError:
+        return _parse_error(path, f"cannot decode: unknown encoding {encoding!r}")
+    if text.startswith("\ufeff"):
+        text = text[1:]
+    return text
+
+
+def trigger_pattern(rules: Sequence[type[Rule]]) -> Optional[re.Pattern[bytes]]:
+    """One regex over every selected rule's trigger words; None when some rule must always run."""
+    words: set[str] = set()
+    for rule in rules:
+        if not rule.trigger_words:
+            return None
+        words.update(rule.trigger_words)
+    if not words:
+        return None
+    return re.compile("|".join(re.escape(w) for w in sorted(words)).encode())
+
+
+def lint_text(
+    text: str,
+    path: str,
+    rules: Sequence[type[Rule]],
+    world_size: Optional[int] = None,
+) -> tuple[list[Finding], bool]:
+    """Parse once, build facts once, run every rule. Returns (findings, parsed)."""
+    try:
+        module = cst.parse_module(text)
+    except cst.ParserSyntaxError as error:
+        return [_syntax_error_finding(text, path, error)], True
+    except (RecursionError, MemoryError):
+        return [_parse_error(path, "cannot parse: the file is nested too deeply")], True
+    facts = ModuleFacts.build(module, path, world_size)
+    findings: list[Finding] = []
+    for rule_class in rules:
+        findings.extend(rule_class(facts).run())
+    return apply_suppressions(findings, text), True
+
+
+def _syntax_error_finding(text: str, path: str, error: cst.ParserSyntaxError) -> Finding:
+    """libcst's parser reports where its grammar gave up, which can be a line late; CPython's
+    compiler names the offending token. Only compiled (never executed), and only on failure."""
+    try:
+        compile(text, path, "exec", flags=ast.PyCF_ONLY_AST, dont_inherit=True)
+    except SyntaxError as python_error:
+        if python_error.lineno:
+            return _parse_error(
+                path, f"cannot parse: {python_error.msg}", python_error.lineno, max(1, python_error.offset or 1)
+            )
+    except (ValueError, RecursionError, MemoryError):
+        pass
+    message = error.message.splitlines()[0] if error.message else "invalid syntax"
+    return _parse_error(path, f"cannot parse: {message}", error.raw_line, error.raw_column + 1)
+
+
+def _selected_rules(codes: Iterable[str]) -> list[type[Rule]]:
+    rules = all_rules()
+    return [rules[c] for c in sorted(set(codes)) if c in rules]
+
+
+def lint_bytes(
+    data: bytes,
+    path: str,
+    codes: frozenset[str],
+    world_size: Optional[int] = None,
+    fix: bool = False,
+) -> FileResult:
+    decoded = decode(data, path)
+    if isinstance(decoded, Finding):
+        findings = [decoded] if PARSE_ERROR_CODE in codes else []
+        return FileResult(path, findings)
+    text = decoded
+    rules = _selected_rules(codes)
+    pattern = trigger_pattern(rules)
+    if pattern is not None and not pattern.search(data):
+        return FileResult(path, [], source=text)
+    findings, parsed = lint_text(text, path, rules, world_size)
+    findings = [f for f in findings if f.code in codes]
+    result = FileResult(path, findings, source=text, parsed=parsed)
+    if fix:
+        _fix_rounds(result, rules, codes, world_size)
+    return result
+
+
+def _fix_rounds(result: FileResult, rules: Sequence[type[Rule]], codes: frozenset[str], world_size: Optional[int]) -> None:
+    assert result.source is not None
+    current = result.source
+    findings = result.findings
+    total = 0
+    for _ in range(MAX_FIX_ROUNDS):
+        new, applied = fixing.apply_fixes(current, findings)
+        if applied == 0 or new == current:
+            break
+        try:
+            fixing.verify(new)
+        except fixing.FixError as error:
+            result.error = f"{result.path}: {error}"
+            break
+        current, total = new, total + applied
+        findings, _ = lint_text(current, result.path, rules, world_size)
+        findings = [f for f in findings if f.code in codes]
+    if total:
+        result.fixed_source = current
+        result.fixed = total
+        result.findings = findings
+
+
+def lint_source(
+    source: Union[str, bytes],
+    path: str = "<stdin>",
+    settings: Optional[Settings] = None,
+    fix: bool = False,
+) -> FileResult:
+    """Lint one in-memory source (the public API, also used for stdin)."""
+    settings = settings or Settings()
+    data = source.encode("utf-8") if isinstance(source, str) else source
+    codes = settings.codes_for(path, settings.enabled_codes())
+    return lint_bytes(data, path, codes, settings.world_size, fix)
+
+
+def _lint_file_task(args: tuple[str, frozenset[str], Optional[int], bool]) -> FileResult:
+    path, codes, world_size, fix = args
+    try:
+        with open(path, "rb") as handle:
+            data = handle.read()
+    except OSError as error:
+        return FileResult(path, [], error=f"{path}: cannot read: {error.strerror}")
+    result = lint_bytes(data, path, codes, world_size, fix)
+    if not fix:
+        result.source = None  # the parent re-reads only files with findings, for code frames
+    return result
+
+
+def lint_paths(
+    paths: Sequence[str],
+    settings: Settings,
+    jobs: Optional[int] = None,
+    use_cache: bool = True,
+    fix: bool = False,
+    cache_root: Optional[Path] = None,
+) -> tuple[RunResult, list[str]]:
+    """Lint files and folders. Returns the results and the folders that held no Python file."""
+    discovered = discover(paths, settings)
+    enabled = settings.enabled_codes()
+    cache: Optional[ResultCache] = None
+    if use_cache and not fix:
+        root = cache_root or settings.root or Path.cwd()
+        cache = ResultCache(root, settings.fingerprint() + "-" + content_hash(",".join(sorted(enabled)).encode())[:8])
+
+    run = RunResult()
+    pending: list[tuple[int, tuple[str, frozenset[str], Optional[int], bool]]] = []
+    slots: list[Optional[FileResult]] = []
+    digests: dict[int, str] = {}
+    for index, path in enumerate(discovered.files):
+        codes = settings.codes_for(path, enabled)
+        if cache is not None:
+            try:
+                with open(path, "rb") as handle:
+                    digest = content_hash(handle.read())
+            except OSError as error:
+                slots.append(FileResult(path, [], error=f"{path}: cannot read: {error.strerror}"))
+                continue
+            cached = cache.get(path, digest + ":" + ",".join(sorted(codes)))
+            if cached is not None:
+                slots.append(FileResult(path, [dataclasses.replace(f, path=path) for f in cached], cached=True))
+                continue
+            digests[index] = digest + ":" + ",".join(sorted(codes))
+        slots.append(None)
+        pending.append((index, (path, codes, settings.world_size, fix)))
+
+    workers = jobs if jobs and jobs > 0 else (os.cpu_count() or 1)
+    if workers > 1 and len(pending) >= PARALLEL_THRESHOLD:
+        with ProcessPoolExecutor(max_workers=min(workers, len(pending))) as pool:
+            chunk = max(1, len(pending) // (workers * 8))
+            outcomes = list(pool.map(_lint_file_task, [task for _, task in pending], chunksize=chunk))
+    else:
+        outcomes = [_lint_file_task(task) for _, task in pending]
+    for (index, _), outcome in zip(pending, outcomes):
+        slots[index] = outcome
+        if cache is not None and outcome.error is None and index in digests:
+            cache.put(outcome.path, digests[index], outcome.findings)
+    if cache is not None:
+        cache.save()
+    run.files = [slot for slot in slots if slot is not None]
+    return run, discovered.skipped_dirs_without_python
+
+
+def severity_counts(findings: Iterable[Finding]) -> dict[str, int]:
+    counts = {s.value: 0 for s in Severity}
+    for finding in findings:
+        counts[finding.severity.value] += 1
+    return counts
+
+
+def read_text_for_frames(path: str) -> Optional[str]:
+    try:
+        with open(path, "rb") as handle:
+            decoded = decode(handle.read(), path)
+    except OSError:
+        return None
+    return decoded if isinstance(decoded, str) else None
+

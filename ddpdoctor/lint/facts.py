@@ -1,0 +1,994 @@
+"""The analysis layer: one pass over a parsed module records every fact the rules read.
+
+Rules never walk the tree themselves. They ask this module:
+
+- what an expression names, with import aliases resolved (`qualify`): `dist.barrier`,
+  `torch.distributed.barrier` and `from torch.distributed import barrier` are all
+  `torch.distributed.barrier`;
+- every call with its context (`calls`, `calls_named`, `method_calls`): the enclosing function and
+  class, the loops around it, the `with` blocks around it and the branch conditions that guard it;
+- assignments and where a value came from (`reaching_values`, `origin_calls`, `const_value`),
+  following variables, `self.` attributes across methods, helper functions' `return`s, function
+  parameters through their call sites in this module, and argparse defaults;
+- whether a call only runs on some ranks (`rank_guard_kind`), including early exits
+  (`if rank != 0: return`) and helpers that are only called under a rank-0 check;
+- positions, computed lazily (libcst's PositionProvider costs about one more pass over the tree,
+  so it is resolved only for files that produce a finding).
+
+Why a hand-written walk rather than libcst's visitor or its scope/qualified-name metadata: on the
+torch sources a bare `CSTVisitor` walk costs ~0.6x the parse and the scope metadata several times the
+parse, while walking only statement and expression fields (skipping whitespace and token nodes)
+costs ~0.05x. The rules need far less than full scope analysis, so we record just that, once.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+from dataclasses import dataclass, field
+from typing import Iterable, Iterator, Optional, Sequence, Union
+
+import libcst as cst
+from libcst.metadata import CodeRange, MetadataWrapper, PositionProvider
+
+from ddpdoctor.lint import vocab
+
+Expr = cst.BaseExpression
+
+# Canonical spellings: torch re-exports the same object from several modules.
+CANONICAL_NAMES: dict[str, str] = {
+    "torch.nn.parallel.distributed.DistributedDataParallel": "torch.nn.parallel.DistributedDataParallel",
+    "torch.nn.DistributedDataParallel": "torch.nn.parallel.DistributedDataParallel",
+    "torch.nn.parallel.data_parallel.DataParallel": "torch.nn.DataParallel",
+    "torch.nn.parallel.DataParallel": "torch.nn.DataParallel",
+    "torch.nn.modules.batchnorm.SyncBatchNorm": "torch.nn.SyncBatchNorm",
+    "torch.nn.modules.SyncBatchNorm": "torch.nn.SyncBatchNorm",
+    "torch.utils.data.distributed.DistributedSampler": "torch.utils.data.DistributedSampler",
+    "torch.utils.data.dataloader.DataLoader": "torch.utils.data.DataLoader",
+    "torch.distributed.distributed_c10d": "torch.distributed",
+    "torch.cuda.amp.grad_scaler.GradScaler": "torch.cuda.amp.GradScaler",
+    "torch.cuda.amp.autocast_mode.autocast": "torch.cuda.amp.autocast",
+    "torch.nn.utils.clip_grad.clip_grad_norm_": "torch.nn.utils.clip_grad_norm_",
+    "torch.nn.utils.clip_grad.clip_grad_value_": "torch.nn.utils.clip_grad_value_",
+    "torch.multiprocessing.spawn.spawn": "torch.multiprocessing.spawn",
+}
+
+# Methods that return (a view of) their receiver for the purposes of "where did this come from".
+PASS_THROUGH_METHODS = frozenset(
+    {"to", "cuda", "cpu", "half", "float", "double", "bfloat16", "train", "eval", "requires_grad_",
+     "to_empty", "share_memory"}
+)
+
+# How deep value-following goes before it gives up (and the rule stays silent).
+MAX_DEPTH = 6
+
+# Callables whose for-loop iterates their (first) argument: `for i, batch in enumerate(loader)`.
+ITERATION_WRAPPERS = frozenset({"enumerate", "iter", "tqdm", "islice", "zip", "reversed"})
+
+
+def canonical(name: str) -> str:
+    for prefix, replacement in CANONICAL_NAMES.items():
+        if name == prefix or name.startswith(prefix + "."):
+            return replacement + name[len(prefix):]
+    return name
+
+
+def dotted_name(node: Optional[cst.CSTNode]) -> Optional[str]:
+    """`a.b.c` for Name/Attribute chains, else None."""
+    parts: list[str] = []
+    while isinstance(node, cst.Attribute):
+        parts.append(node.attr.value)
+        node = node.value
+    if isinstance(node, cst.Name):
+        parts.append(node.value)
+        return ".".join(reversed(parts))
+    return None
+
+
+# --------------------------------------------------------------------------------------------- facts
+
+
+@dataclass(eq=False)
+class Function:
+    name: str
+    qualname: str  # "Trainer.fit" or "main"
+    node: Union[cst.FunctionDef, cst.Lambda]
+    klass: Optional[str]
+    params: list[str]
+    order: int
+    end_order: int = 0
+    parent: Optional["Function"] = None
+    returns: list[Expr] = field(default_factory=list)
+    calls: list["Call"] = field(default_factory=list)
+
+    @property
+    def is_method(self) -> bool:
+        return self.klass is not None
+
+
+@dataclass(eq=False)
+class Loop:
+    node: Union[cst.For, cst.While]
+    order: int
+    end_order: int
+    function: Optional[Function]
+    target_names: tuple[str, ...]  # for-loop targets, dotted
+    iter: Optional[Expr]  # the for-loop's iterable (None for while)
+
+    @property
+    def is_while(self) -> bool:
+        return isinstance(self.node, cst.While)
+
+
+@dataclass(eq=False)
+class Guard:
+    """A condition a statement runs under. `negated` is True in an `else` or after an early exit."""
+
+    test: Expr
+    negated: bool
+    order: int
+    function: Optional[Function]
+
+
+@dataclass(eq=False)
+class Context:
+    function: Optional[Function]
+    klass: Optional[str]
+    loops: tuple[Loop, ...]
+    guards: tuple[Guard, ...]
+    withs: tuple[Expr, ...]  # the context-manager expressions around, outermost first
+
+
+@dataclass(eq=False)
+class Call:
+    node: cst.Call
+    order: int
+    ctx: Context
+    name: Optional[str]  # import-resolved qualified name of the callee, when it is an import
+    dotted: Optional[str]  # the callee as written, e.g. "self.model.module"
+    statement: cst.CSTNode
+
+    @property
+    def function(self) -> Optional[Function]:
+        return self.ctx.function
+
+    @property
+    def loops(self) -> tuple[Loop, ...]:
+        return self.ctx.loops
+
+    @property
+    def attr(self) -> Optional[str]:
+        func = self.node.func
+        if isinstance(func, cst.Attribute):
+            return func.attr.value
+        if isinstance(func, cst.Name):
+            return func.value
+        return None
+
+    @property
+    def receiver(self) -> Optional[Expr]:
+        func = self.node.func
+        return func.value if isinstance(func, cst.Attribute) else None
+
+    @property
+    def args(self) -> Sequence[cst.Arg]:
+        return self.node.args
+
+    def arg(self, position: Optional[int] = None, keyword: Optional[str] = None) -> Optional[Expr]:
+        """The expression passed at `position` (positional) or as `keyword=`."""
+        if keyword is not None:
+            for arg in self.node.args:
+                if arg.keyword is not None and arg.keyword.value == keyword:
+                    return arg.value
+        if position is not None:
+            positional = [a for a in self.node.args if a.keyword is None and not a.star]
+            if position < len(positional):
+                return positional[position].value
+        return None
+
+    def has_star_args(self) -> bool:
+        return any(a.star for a in self.node.args)
+
+
+@dataclass(eq=False)
+class Assignment:
+    target: str  # dotted: "model", "self.model", "args.lr"
+    value: Optional[Expr]  # None when not knowable (tuple unpacking, for-targets, parameters)
+    kind: str  # "assign" | "augassign" | "annassign" | "for" | "with" | "param" | "unpack" | "subscript"
+    order: int
+    ctx: Context
+    node: cst.CSTNode
+
+    @property
+    def function(self) -> Optional[Function]:
+        return self.ctx.function
+
+
+@dataclass(eq=False)
+class SubscriptStore:
+    """`x[key] = value` / `x[key] *= value`: e.g. `param_group["lr"] = lr * hvd.size()`."""
+
+    target: Expr
+    key: Optional[Expr]
+    value: Expr
+    op: Optional[str]
+    order: int
+    ctx: Context
+
+
+# ------------------------------------------------------------------------------------------ builder
+
+_SKIP_FIELD_PREFIXES = (
+    "whitespace", "lpar", "rpar", "comma", "leading_lines", "lines_after", "header", "footer",
+    "semicolon", "equal", "colon", "dot", "operator", "star", "lbracket", "rbracket", "lbrace",
+    "rbrace", "asynchronous", "trailing_whitespace", "first_line", "last_line", "newline",
+)
+_field_cache: dict[type, tuple[str, ...]] = {}
+
+
+def _child_fields(cls: type) -> tuple[str, ...]:
+    names = _field_cache.get(cls)
+    if names is None:
+        names = tuple(
+            f.name for f in dataclasses.fields(cls) if not f.name.startswith(_SKIP_FIELD_PREFIXES)
+        )
+        _field_cache[cls] = names
+    return names
+
+
+def _exits(block: cst.BaseSuite) -> bool:
+    """True when a block always leaves its enclosing block (return/raise/continue/break/exit())."""
+    body = block.body
+    if not body:
+        return False
+    last = body[-1]
+    if isinstance(last, cst.SimpleStatementLine):
+        small = last.body[-1] if last.body else None
+        if isinstance(small, (cst.Return, cst.Raise, cst.Continue, cst.Break)):
+            return True
+        if isinstance(small, cst.Expr) and isinstance(small.value, cst.Call):
+            name = dotted_name(small.value.func)
+            return name in {"exit", "sys.exit", "quit", "os._exit"}
+    if isinstance(last, cst.SimpleStatementSuite):
+        small = last.body[-1] if last.body else None
+        return isinstance(small, (cst.Return, cst.Raise, cst.Continue, cst.Break))
+    return False
+
+
+class _Builder:
+    def __init__(self, facts: "ModuleFacts") -> None:
+        self.facts = facts
+        self.counter = itertools.count(1)
+        self.function: Optional[Function] = None
+        self.klass: Optional[str] = None
+        self.loops: list[Loop] = []
+        self.guards: list[Guard] = []
+        self.withs: list[Expr] = []
+        self.statement_node: cst.CSTNode = facts.module
+
+    def context(self) -> Context:
+        return Context(self.function, self.klass, tuple(self.loops), tuple(self.guards), tuple(self.withs))
+
+    # ---- statements
+
+    def block(self, statements: Sequence[cst.BaseStatement]) -> None:
+        saved = len(self.guards)
+        for statement in statements:
+            self.statement(statement)
+            if (
+                isinstance(statement, cst.If)
+                and statement.orelse is None
+                and _exits(statement.body)
+            ):
+                # `if rank != 0: return` guards everything after it in this block.
+                self.guards.append(Guard(statement.test, True, next(self.counter), self.function))
+        del self.guards[saved:]
+
+    def suite(self, suite: cst.BaseSuite) -> None:
+        if isinstance(suite, cst.IndentedBlock):
+            self.block(suite.body)
+        elif isinstance(suite, cst.SimpleStatementSuite):
+            for small in suite.body:
+                self.small(small, suite)
+
+    def statement(self, statement: cst.BaseStatement) -> None:
+        self.statement_node = statement
+        if isinstance(statement, cst.SimpleStatementLine):
+            for small in statement.body:
+                self.statement_node = statement
+                self.small(small, statement)
+        elif isinstance(statement, cst.If):
+            self.expr(statement.test)
+            guard = Guard(statement.test, False, next(self.counter), self.function)
+            self.guards.append(guard)
+            self.suite(statement.body)
+            self.guards.pop()
+            if statement.orelse is not None:
+                self.guards.append(Guard(statement.test, True, next(self.counter), self.function))
+                if isinstance(statement.orelse, cst.If):
+                    self.statement(statement.orelse)
+                else:
+                    self.suite(statement.orelse.body)
+                self.guards.pop()
+        elif isinstance(statement, cst.For):
+            self.expr(statement.iter)
+            targets = self.bind_target(statement.target, None, "for", statement)
+            loop = Loop(statement, next(self.counter), 0, self.function, tuple(targets), statement.iter)
+            self.loops.append(loop)
+            self.suite(statement.body)
+            self.loops.pop()
+            loop.end_order = next(self.counter)
+            self.facts.loops.append(loop)
+            if statement.orelse is not None:
+                self.suite(statement.orelse.body)
+        elif isinstance(statement, cst.While):
+            self.expr(statement.test)
+            loop = Loop(statement, next(self.counter), 0, self.function, (), None)
+            self.loops.append(loop)
+            self.suite(statement.body)
+            self.loops.pop()
+            loop.end_order = next(self.counter)
+            self.facts.loops.append(loop)
+            if statement.orelse is not None:
+                self.suite(statement.orelse.body)
+        elif isinstance(statement, cst.FunctionDef):
+            self.function_def(statement)
+        elif isinstance(statement, cst.ClassDef):
+            for decorator in statement.decorators:
+                self.expr(decorator.decorator)
+            for arg in statement.bases:
+                self.expr(arg.value)
+            saved_class, saved_function, saved_loops = self.klass, self.function, self.loops
+            self.klass, self.function, self.loops = statement.name.value, None, []
+            self.suite(statement.body)
+            self.klass, self.function, self.loops = saved_class, saved_function, saved_loops
+        elif isinstance(statement, cst.With):
+            pushed = 0
+            for item in statement.items:
+                self.expr(item.item)
+                if item.asname is not None:
+                    self.bind_target(item.asname.name, item.item, "with", statement)
+                self.withs.append(item.item)
+                pushed += 1
+            self.suite(statement.body)
+            del self.withs[len(self.withs) - pushed:]
+        elif isinstance(statement, (cst.Try, cst.TryStar)):
+            self.suite(statement.body)
+            for handler in statement.handlers:
+                if handler.type is not None:
+                    self.expr(handler.type)
+                self.suite(handler.body)
+            if statement.orelse is not None:
+                self.suite(statement.orelse.body)
+            if statement.finalbody is not None:
+                self.suite(statement.finalbody.body)
+        elif isinstance(statement, cst.Match):
+            self.expr(statement.subject)
+            for case in statement.cases:
+                self.suite(case.body)
+        else:  # anything new in the grammar: still find its calls
+            self.expr(statement)
+
+    def function_def(self, node: cst.FunctionDef) -> None:
+        for decorator in node.decorators:
+            self.expr(decorator.decorator)
+        params = node.params
+        all_params = [*params.posonly_params, *params.params, *params.kwonly_params]
+        if isinstance(params.star_arg, cst.Param):
+            all_params.append(params.star_arg)
+        if params.star_kwarg is not None:
+            all_params.append(params.star_kwarg)
+        for param in all_params:
+            if param.default is not None:
+                self.expr(param.default)
+        prefix = f"{self.function.qualname}.<locals>." if self.function else (f"{self.klass}." if self.klass else "")
+        function = Function(
+            name=node.name.value,
+            qualname=prefix + node.name.value,
+            node=node,
+            klass=self.klass if self.function is None else None,
+            params=[p.name.value for p in all_params],
+            order=next(self.counter),
+            parent=self.function,
+        )
+        self.facts.functions.append(function)
+        saved = (self.function, self.loops, self.guards, self.withs)
+        self.function, self.loops, self.guards, self.withs = function, [], [], []
+        for param in all_params:
+            self.facts._add_assignment(
+                Assignment(param.name.value, param.default, "param", next(self.counter), self.context(), param)
+            )
+        self.suite(node.body)
+        function.end_order = next(self.counter)
+        self.function, self.loops, self.guards, self.withs = saved
+
+    def small(self, small: cst.BaseSmallStatement, statement: cst.CSTNode) -> None:
+        if isinstance(small, cst.Assign):
+            self.expr(small.value)
+            for target in small.targets:
+                self.bind_target(target.target, small.value, "assign", small)
+        elif isinstance(small, cst.AnnAssign):
+            if small.value is not None:
+                self.expr(small.value)
+                self.bind_target(small.target, small.value, "annassign", small)
+        elif isinstance(small, cst.AugAssign):
+            self.expr(small.value)
+            self.expr(small.target)
+            op = type(small.operator).__name__
+            if isinstance(small.target, cst.Subscript):
+                self.record_subscript_store(small.target, small.value, op)
+            else:
+                self.bind_target(small.target, small.value, "augassign", small)
+        elif isinstance(small, cst.Return):
+            if small.value is not None:
+                self.expr(small.value)
+                if self.function is not None:
+                    self.function.returns.append(small.value)
+        elif isinstance(small, cst.Import):
+            for alias in small.names:
+                full = dotted_name(alias.name)
+                if full is None:
+                    continue
+                if alias.asname is not None:
+                    local = dotted_name(alias.asname.name)
+                    if local:
+                        self.facts.imports[local] = full
+                else:
+                    root = full.split(".")[0]
+                    self.facts.imports[root] = root
+                    self.facts.imported_modules.add(full)
+        elif isinstance(small, cst.ImportFrom):
+            module = dotted_name(small.module) if small.module is not None else None
+            if module is None or small.relative or isinstance(small.names, cst.ImportStar):
+                return
+            for alias in small.names:
+                name = dotted_name(alias.name)
+                if name is None:
+                    continue
+                local = dotted_name(alias.asname.name) if alias.asname is not None else name
+                if local:
+                    self.facts.imports[local] = f"{module}.{name}"
+        else:
+            self.expr(small)
+
+    def bind_target(self, target: cst.CSTNode, value: Optional[Expr], kind: str, node: cst.CSTNode) -> list[str]:
+        if isinstance(target, (cst.Tuple, cst.List)):
+            names: list[str] = []
+            values: Optional[Sequence[Expr]] = None
+            if isinstance(value, (cst.Tuple, cst.List)) and len(value.elements) == len(target.elements):
+                values = [el.value for el in value.elements]
+            for index, element in enumerate(target.elements):
+                inner_value = values[index] if values is not None else None
+                inner_kind = kind if values is not None else ("unpack" if kind == "assign" else kind)
+                names.extend(self.bind_target(element.value, inner_value, inner_kind, node))
+            return names
+        if isinstance(target, cst.StarredElement):
+            return self.bind_target(target.value, None, "unpack", node)
+        if isinstance(target, cst.Subscript):
+            if value is not None and kind in ("assign", "annassign"):
+                self.record_subscript_store(target, value, None)
+            self.expr(target)
+            return []
+        name = dotted_name(target)
+        if name is None:
+            self.expr(target)
+            return []
+        self.facts._add_assignment(Assignment(name, value, kind, next(self.counter), self.context(), node))
+        return [name]
+
+    def record_subscript_store(self, target: cst.Subscript, value: Expr, op: Optional[str]) -> None:
+        key = None
+        if len(target.slice) == 1 and isinstance(target.slice[0].slice, cst.Index):
+            key = target.slice[0].slice.value
+        self.facts.subscript_stores.append(
+            SubscriptStore(target.value, key, value, op, next(self.counter), self.context())
+        )
+
+    # ---- expressions: find every call, in source order
+
+    def expr(self, root: cst.CSTNode) -> None:
+        stack: list[cst.CSTNode] = [root]
+        pending: list[cst.CSTNode] = []
+        while stack:
+            node = stack.pop()
+            if isinstance(node, cst.Call):
+                self.record_call(node)
+            elif isinstance(node, cst.Lambda):
+                # Calls in a lambda body belong to the enclosing context; good enough for rules.
+                pass
+            pending.clear()
+            for name in _child_fields(type(node)):
+                value = getattr(node, name)
+                if isinstance(value, cst.CSTNode):
+                    pending.append(value)
+                elif type(value) in (tuple, list):
+                    pending.extend(v for v in value if isinstance(v, cst.CSTNode))
+            # Reverse so that pop() visits children left to right (source order).
+            stack.extend(reversed(pending))
+
+    def record_call(self, node: cst.Call) -> None:
+        dotted = dotted_name(node.func)
+        call = Call(
+            node=node,
+            order=next(self.counter),
+            ctx=self.context(),
+            name=self.facts.qualify(node.func),
+            dotted=dotted,
+            statement=self.statement_node,
+        )
+        self.facts.calls.append(call)
+        self.facts._call_by_node[id(node)] = call
+        if self.function is not None:
+            self.function.calls.append(call)
+
+
+# -------------------------------------------------------------------------------------------- facts
+
+
+class ModuleFacts:
+    """Everything the rules know about one module. Build with `ModuleFacts.build(module)`."""
+
+    def __init__(self, module: cst.Module, path: str = "<string>", world_size: Optional[int] = None) -> None:
+        self.module = module
+        self.path = path
+        self.world_size = world_size  # --world-size / config: the number of processes or GPUs
+        self.imports: dict[str, str] = {}
+        self.imported_modules: set[str] = set()
+        self.calls: list[Call] = []
+        self.assignments: list[Assignment] = []
+        self.subscript_stores: list[SubscriptStore] = []
+        self.functions: list[Function] = []
+        self.loops: list[Loop] = []
+        self._assignments_by_target: dict[str, list[Assignment]] = {}
+        self._call_by_node: dict[int, Call] = {}
+        self._positions: Optional[dict[cst.CSTNode, CodeRange]] = None
+        self._call_sites: Optional[dict[int, list[Call]]] = None
+
+    @classmethod
+    def build(cls, module: cst.Module, path: str = "<string>", world_size: Optional[int] = None) -> "ModuleFacts":
+        facts = cls(module, path, world_size)
+        builder = _Builder(facts)
+        # Imports first: a later `import` still names what earlier calls in functions mean at run time.
+        for statement in module.body:
+            if isinstance(statement, cst.SimpleStatementLine):
+                for small in statement.body:
+                    if isinstance(small, (cst.Import, cst.ImportFrom)):
+                        builder.small(small, statement)
+        builder.block(module.body)
+        return facts
+
+    # ---- names
+
+    def qualify(self, node: Optional[cst.CSTNode]) -> Optional[str]:
+        """The import-resolved, canonical dotted name of a Name/Attribute, or None if not an import."""
+        name = dotted_name(node)
+        if name is None:
+            return None
+        head, _, rest = name.partition(".")
+        target = self.imports.get(head)
+        if target is None:
+            return None
+        return canonical(f"{target}.{rest}" if rest else target)
+
+    def uses_module(self, prefix: str) -> bool:
+        return any(v == prefix or v.startswith(prefix + ".") for v in self.imports.values()) or any(
+            m == prefix or m.startswith(prefix + ".") for m in self.imported_modules
+        )
+
+    # ---- calls
+
+    def call_of(self, node: cst.CSTNode) -> Optional[Call]:
+        return self._call_by_node.get(id(node))
+
+    def calls_named(self, *names: str) -> list[Call]:
+        """Calls whose callee resolves to one of the qualified names (canonical spellings)."""
+        wanted = {canonical(n) for n in names}
+        return [c for c in self.calls if c.name in wanted]
+
+    def method_calls(self, *attrs: str) -> list[Call]:
+        """Calls `<anything>.attr(...)` — for methods on values whose type we cannot name."""
+        wanted = set(attrs)
+        return [
+            c for c in self.calls if isinstance(c.node.func, cst.Attribute) and c.node.func.attr.value in wanted
+        ]
+
+    def functions_named(self, name: str) -> list[Function]:
+        return [f for f in self.functions if f.name == name]
+
+    def call_sites(self, function: Function) -> list[Call]:
+        """Calls in this module that invoke `function`: `f(...)`, `self.f(...)`, `cls.f(...)`, `Class.f(...)`."""
+        if self._call_sites is None:
+            self._call_sites = {}
+            by_name: dict[str, list[Function]] = {}
+            for fn in self.functions:
+                by_name.setdefault(fn.name, []).append(fn)
+            for call in self.calls:
+                func = call.node.func
+                if isinstance(func, cst.Name):
+                    for fn in by_name.get(func.value, ()):
+                        if fn.klass is None:
+                            self._call_sites.setdefault(id(fn), []).append(call)
+                elif isinstance(func, cst.Attribute) and isinstance(func.value, cst.Name):
+                    owner = func.value.value
+                    for fn in by_name.get(func.attr.value, ()):
+                        if fn.klass is not None and (owner in ("self", "cls", fn.klass)):
+                            if owner in ("self", "cls") and call.ctx.klass not in (None, fn.klass):
+                                continue
+                            self._call_sites.setdefault(id(fn), []).append(call)
+        return self._call_sites.get(id(function), [])
+
+    def enclosing_functions(self, call: Call) -> list[Function]:
+        out = []
+        fn = call.function
+        while fn is not None:
+            out.append(fn)
+            fn = fn.parent
+        return out
+
+    # ---- assignments and values
+
+    def _add_assignment(self, assignment: Assignment) -> None:
+        self.assignments.append(assignment)
+        self._assignments_by_target.setdefault(assignment.target, []).append(assignment)
+
+    def assignments_to(self, target: str) -> list[Assignment]:
+        return self._assignments_by_target.get(target, [])
+
+    def reaching_assignments(self, target: str, order: int, function: Optional[Function]) -> list[Assignment]:
+        """The assignments to `target` that the value at `order` (inside `function`) may come from.
+
+        The last one before `order` in the same function (all of them when it sits in a branch,
+        since the other branch may be the one that ran); then the enclosing function and the module
+        for globals/closures; for `self.x`, assignments in any method of the same class.
+        """
+        candidates = self.assignments_to(target)
+        if not candidates:
+            return []
+        if target.startswith(("self.", "cls.")):
+            klass = function.klass if function is not None else None
+            parent = function.parent if function is not None else None
+            while klass is None and parent is not None:
+                klass, parent = parent.klass, parent.parent
+            in_class = [a for a in candidates if a.ctx.klass == klass or _class_of(a) == klass]
+            # Earlier in the same method, source order decides; otherwise any other method may
+            # have run first (we do not know the call order of methods).
+            before = [a for a in in_class if a.function is function and a.order < order]
+            if before:
+                return _last_reaching(before)
+            return [a for a in in_class if a.function is not function]
+        scope: Optional[Function] = function
+        while True:
+            local = [a for a in candidates if a.function is scope]
+            if scope is not function:
+                before = local  # enclosing scope: any assignment may be the one seen at call time
+            else:
+                before = [a for a in local if a.order < order]
+            if before:
+                return _last_reaching(before)
+            if scope is None:
+                return []
+            if any(a.function is scope for a in candidates):
+                return []  # a local that is used before it is assigned: unknowable
+            scope = scope.parent
+
+    def reaching_values(self, expr: Expr, order: int, function: Optional[Function]) -> list[Expr]:
+        """One level of value-following: what a variable expression may hold at `order`."""
+        name = dotted_name(expr)
+        if name is None:
+            return [expr]
+        assignments = self.reaching_assignments(name, order, function)
+        out: list[Expr] = []
+        for assignment in assignments:
+            if assignment.value is not None:
+                out.append(assignment.value)
+            if assignment.kind == "param" and assignment.function is not None:
+                out.extend(self.argument_values(assignment.function, name))
+        return out
+
+    def argument_values(self, function: Function, param: str) -> list[Expr]:
+        """The expressions passed for `param` at this module's call sites of `function`."""
+        try:
+            index = function.params.index(param)
+        except ValueError:
+            return []
+        if function.klass is not None and function.params and function.params[0] in ("self", "cls"):
+            index -= 1
+        out: list[Expr] = []
+        for site in self.call_sites(function):
+            value = site.arg(position=index if index >= 0 else None, keyword=param)
+            if value is not None:
+                out.append(value)
+        return out
+
+    def origin_calls(self, expr: Optional[Expr], order: int, function: Optional[Function], depth: int = 0) -> list[Call]:
+        """The calls that may have produced the value of `expr`, following variables, helpers,
+        conditional expressions and pass-through methods such as `.cuda()` and `.to(device)`."""
+        if expr is None or depth > MAX_DEPTH:
+            return []
+        if isinstance(expr, cst.IfExp):
+            return self.origin_calls(expr.body, order, function, depth + 1) + self.origin_calls(
+                expr.orelse, order, function, depth + 1
+            )
+        if isinstance(expr, cst.BooleanOperation):
+            return self.origin_calls(expr.left, order, function, depth + 1) + self.origin_calls(
+                expr.right, order, function, depth + 1
+            )
+        if isinstance(expr, cst.Call):
+            call = self.call_of(expr)
+            if call is None:
+                return []
+            out = [call]
+            if call.attr in PASS_THROUGH_METHODS and call.receiver is not None:
+                out.extend(self.origin_calls(call.receiver, call.order, call.function, depth + 1))
+            for helper in self.resolve_local_function(call):
+                for returned in helper.returns:
+                    out.extend(self.origin_calls(returned, helper.end_order, helper, depth + 1))
+            return out
+        if dotted_name(expr) is not None:
+            out = []
+            for value in self.reaching_values(expr, order, function):
+                if value is expr:
+                    continue
+                node_order, node_function = self._where(value, order, function)
+                out.extend(self.origin_calls(value, node_order, node_function, depth + 1))
+            return out
+        return []
+
+    def _where(self, value: Expr, order: int, function: Optional[Function]) -> tuple[int, Optional[Function]]:
+        """The order and function in which an assigned value was evaluated."""
+        for assignment in self.assignments:
+            if assignment.value is value:
+                return assignment.order, assignment.function
+        for fn in self.functions:
+            if value in fn.returns:
+                return fn.end_order, fn
+        call = self.call_of(value)
+        if call is not None:
+            return call.order, call.function
+        return order, function
+
+    def resolve_local_function(self, call: Call) -> list[Function]:
+        """The module's own functions a call may invoke (`helper()`, `self.helper()`)."""
+        return [fn for fn in self.functions if call in self.call_sites(fn)]
+
+    def origin_names(self, expr: Optional[Expr], order: int, function: Optional[Function]) -> set[str]:
+        """Qualified names of the calls a value may come from, e.g. {"torch.utils.data.DistributedSampler"}."""
+        return {c.name for c in self.origin_calls(expr, order, function) if c.name}
+
+    def const_value(self, expr: Optional[Expr], order: int, function: Optional[Function], depth: int = 0) -> object:
+        """A literal value (int, float, str, bool, None) through variables and argparse defaults,
+        or `UNKNOWN` when it cannot be decided. Rules stay silent on UNKNOWN."""
+        if expr is None or depth > MAX_DEPTH:
+            return UNKNOWN
+        if isinstance(expr, cst.Integer):
+            return int(expr.evaluated_value)
+        if isinstance(expr, cst.Float):
+            return float(expr.evaluated_value)
+        if isinstance(expr, cst.SimpleString):
+            return expr.evaluated_value
+        if isinstance(expr, cst.Name) and expr.value in ("True", "False", "None"):
+            return {"True": True, "False": False, "None": None}[expr.value]
+        if isinstance(expr, cst.UnaryOperation) and isinstance(expr.operator, cst.Minus):
+            inner = self.const_value(expr.expression, order, function, depth + 1)
+            return -inner if isinstance(inner, (int, float)) and not isinstance(inner, bool) else UNKNOWN
+        if isinstance(expr, cst.BinaryOperation):
+            left = self.const_value(expr.left, order, function, depth + 1)
+            right = self.const_value(expr.right, order, function, depth + 1)
+            if isinstance(left, int) and isinstance(right, int) and not isinstance(left, bool):
+                op = type(expr.operator).__name__
+                try:
+                    return {
+                        "Add": lambda: left + right, "Subtract": lambda: left - right,
+                        "Multiply": lambda: left * right, "FloorDivide": lambda: left // right,
+                    }[op]()
+                except (KeyError, ZeroDivisionError):
+                    return UNKNOWN
+            return UNKNOWN
+        name = dotted_name(expr)
+        if name is None:
+            return UNKNOWN
+        values = self.reaching_values(expr, order, function)
+        if not values and "." in name:
+            default = self.argparse_default(name)
+            if default is not None:
+                return self.const_value(default, 0, None, depth + 1)
+        results = set()
+        for value in values:
+            if value is expr:
+                return UNKNOWN
+            v_order, v_function = self._where(value, order, function)
+            result = self.const_value(value, v_order, v_function, depth + 1)
+            if result is UNKNOWN:
+                return UNKNOWN
+            results.add(result)
+        if len(results) == 1:
+            return results.pop()
+        return UNKNOWN
+
+    def argparse_default(self, dotted: str) -> Optional[Expr]:
+        """`args.batch_size` -> the `default=` of `parser.add_argument("--batch-size", ...)`."""
+        owner, _, attr = dotted.rpartition(".")
+        if not owner or "." in owner:
+            return None
+        found: Optional[Expr] = None
+        for call in self.method_calls("add_argument"):
+            dest: Optional[str] = None
+            explicit = call.arg(keyword="dest")
+            if isinstance(explicit, cst.SimpleString):
+                dest = str(explicit.evaluated_value)
+            else:
+                for arg in call.args:
+                    if arg.keyword is None and isinstance(arg.value, cst.SimpleString):
+                        flag = str(arg.value.evaluated_value)
+                        if flag.startswith("--"):
+                            dest = flag[2:].replace("-", "_")
+                            break
+                        if not flag.startswith("-"):
+                            dest = flag
+            if dest == attr:
+                if found is not None:
+                    return None  # two arguments with the same dest: undecidable
+                found = call.arg(keyword="default")
+        return found
+
+    # ---- loops: what they iterate, what runs inside them
+
+    def iterated_exprs(self, expr: Optional[Expr]) -> list[Expr]:
+        """What a for-loop really iterates: `enumerate(loader)`, `tqdm(loader, ...)`, `iter(loader)`
+        and `islice(loader, n)` -> [loader]; `zip(a, b)` -> [a, b]; anything else -> [expr]."""
+        if expr is None:
+            return []
+        if isinstance(expr, cst.Call):
+            name = self.qualify(expr.func) or dotted_name(expr.func) or ""
+            last = name.rsplit(".", 1)[-1]
+            if last in ITERATION_WRAPPERS and expr.args:
+                if last == "zip":
+                    return [e for arg in expr.args if not arg.star for e in self.iterated_exprs(arg.value)]
+                first = expr.args[0]
+                if first.keyword is None and not first.star:
+                    return self.iterated_exprs(first.value)
+        return [expr]
+
+    def loop_sources(self, loop: Loop) -> list[Call]:
+        """The calls that may have produced what a for-loop iterates (through `enumerate`/`tqdm`,
+        variables, `self.` attributes, helper returns and parameters): e.g. the `DataLoader(...)`
+        call behind `for i, (x, y) in enumerate(train_loader):`. Empty for while-loops."""
+        out: list[Call] = []
+        for iterated in self.iterated_exprs(loop.iter):
+            out.extend(self.origin_calls(iterated, loop.order, loop.function))
+        return out
+
+    def enclosing_loops(self, loop: Loop) -> list[Loop]:
+        """The loops of the same function that contain `loop`, innermost first."""
+        outer = [
+            other for other in self.loops
+            if other is not loop and other.function is loop.function
+            and other.order < loop.order and loop.end_order < other.end_order
+        ]
+        return sorted(outer, key=lambda other: other.order, reverse=True)
+
+    def calls_within(self, loop: Loop, depth: int = 3) -> list[Call]:
+        """Every call that runs while `loop` runs: the calls in its body, plus, `depth` levels deep,
+        the calls in this module's functions called from there (`train_one_epoch(epoch)`)."""
+        seen: set[int] = set()
+        out: list[Call] = []
+        frontier = [
+            c for c in self.calls if c.function is loop.function and loop.order < c.order < loop.end_order
+        ]
+        for _ in range(depth + 1):
+            next_frontier: list[Call] = []
+            for call in frontier:
+                if id(call) in seen:
+                    continue
+                seen.add(id(call))
+                out.append(call)
+                for helper in self.resolve_local_function(call):
+                    next_frontier.extend(helper.calls)
+            frontier = next_frontier
+        return out
+
+    # ---- rank guards
+
+    def rank_guard_kind(self, call: Union[Call, Assignment], depth: int = 0) -> Optional[str]:
+        """"rank0" when the statement only runs on the main process (rank 0 / local rank 0 /
+        not distributed), "nonzero" when only on the other ranks, else None. Follows helpers:
+        a function whose every call site in this module is rank-0 guarded counts as guarded."""
+        for guard in reversed(call.ctx.guards):
+            kind = vocab.classify_rank_test(self, guard.test, guard.order, guard.function, guard.negated)
+            if kind is not None:
+                return kind
+        function = call.function
+        if function is not None and depth < 3:
+            sites = self.call_sites(function)
+            if sites:
+                kinds = {self.rank_guard_kind(site, depth + 1) for site in sites}
+                if len(kinds) == 1:
+                    return kinds.pop()
+        return None
+
+    def is_rank_guarded(self, call: Union[Call, Assignment]) -> bool:
+        return self.rank_guard_kind(call) is not None
+
+    # ---- positions (lazy)
+
+    def position(self, node: cst.CSTNode) -> CodeRange:
+        if self._positions is None:
+            wrapper = MetadataWrapper(self.module, unsafe_skip_copy=True)
+            self._positions = dict(wrapper.resolve(PositionProvider))
+        return self._positions[node]
+
+    def line_of(self, node: cst.CSTNode) -> int:
+        return self.position(node).start.line
+
+    def code_of(self, node: cst.CSTNode) -> str:
+        return self.module.code_for_node(node)
+
+
+def _last_reaching(before: list[Assignment]) -> list[Assignment]:
+    """The last assignment, plus earlier ones while the later ones sit under a condition (the
+    branch may not have run)."""
+    last = before[-1]
+    result = [last]
+    if not last.ctx.guards:
+        return result
+    for earlier in reversed(before[:-1]):
+        result.append(earlier)
+        if not earlier.ctx.guards:
+            break
+    return result
+
+
+def _class_of(assignment: Assignment) -> Optional[str]:
+    fn = assignment.function
+    while fn is not None:
+        if fn.klass is not None:
+            return fn.klass
+        fn = fn.parent
+    return assignment.ctx.klass
+
+
+class _Unknown:
+    def __repr__(self) -> str:
+        return "UNKNOWN"
+
+    def __bool__(self) -> bool:
+        return False
+
+
+UNKNOWN: object = _Unknown()
+
+
+def iter_calls_in(facts: ModuleFacts, node: cst.CSTNode) -> Iterator[Call]:
+    """The recorded calls inside a subtree, in source order."""
+    stack: list[cst.CSTNode] = [node]
+    found: list[Call] = []
+    while stack:
+        current = stack.pop()
+        if isinstance(current, cst.Call):
+            call = facts.call_of(current)
+            if call is not None:
+                found.append(call)
+        for name in _child_fields(type(current)):
+            value = getattr(current, name)
+            if isinstance(value, cst.CSTNode):
+                stack.append(value)
+            elif type(value) in (tuple, list):
+                stack.extend(v for v in value if isinstance(v, cst.CSTNode))
+    return iter(sorted(found, key=lambda c: c.order))
+
+
+def names_in(node: cst.CSTNode) -> Iterable[str]:
+    """Every dotted name (Name/Attribute chain) read in a subtree, outermost chains only."""
+    stack: list[cst.CSTNode] = [node]
+    while stack:
+        current = stack.pop()
+        name = dotted_name(current)
+        if name is not None:
+            yield name
+            continue
+        for field_name in _child_fields(type(current)):
+            value = getattr(current, field_name)
+            if isinstance(value, cst.CSTNode):
+                stack.append(value)
+            elif type(value) in (tuple, list):
+                stack.extend(v for v in value if isinstance(v, cst.CSTNode))

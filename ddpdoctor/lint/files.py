@@ -1,0 +1,75 @@
+"""Finding the files to lint: explicit files as given, folders recursed for `*.py`."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterable
+
+from ddpdoctor.config import Settings
+
+# Never descend into these: tool caches, VCS metadata, virtual environments, build output.
+SKIP_DIRS = frozenset(
+    {
+        ".git", ".hg", ".svn", "__pycache__", ".mypy_cache", ".pytest_cache", ".ruff_cache", ".tox",
+        ".nox", ".venv", "venv", ".eggs", "node_modules", "build", "dist", "site-packages",
+        ".ddpdoctor_cache", ".ipynb_checkpoints",
+    }
+)
+
+
+class PathError(Exception):
+    """A path the user named cannot be linted (missing, unreadable)."""
+
+
+@dataclass(frozen=True)
+class Discovered:
+    files: list[str]
+    skipped_dirs_without_python: list[str]
+
+
+def _is_virtualenv(directory: str) -> bool:
+    return os.path.isfile(os.path.join(directory, "pyvenv.cfg"))
+
+
+def discover(paths: Iterable[str], settings: Settings) -> Discovered:
+    files: list[str] = []
+    empty_dirs: list[str] = []
+    seen: set[str] = set()
+    for raw in paths:
+        path = Path(raw)
+        if not path.exists():
+            raise PathError(f"{raw}: no such file or directory")
+        if path.is_file():
+            # An explicitly named file is linted whatever its suffix (pre-commit passes the names),
+            # unless the configuration excludes it.
+            if settings.is_excluded(raw):
+                continue
+            if raw not in seen:
+                seen.add(raw)
+                files.append(raw)
+            continue
+        if not os.access(path, os.R_OK | os.X_OK):
+            raise PathError(f"{raw}: permission denied")
+        found = 0
+        for directory, dirnames, filenames in os.walk(raw):
+            dirnames[:] = sorted(
+                d for d in dirnames
+                if d not in SKIP_DIRS
+                and not d.endswith(".egg-info")
+                and not _is_virtualenv(os.path.join(directory, d))
+                and not settings.is_excluded(os.path.join(directory, d))
+            )
+            for filename in sorted(filenames):
+                if not filename.endswith((".py", ".pyi")):
+                    continue
+                full = os.path.join(directory, filename)
+                if settings.is_excluded(full) or full in seen:
+                    continue
+                seen.add(full)
+                files.append(full)
+                found += 1
+        if found == 0:
+            empty_dirs.append(raw)
+    return Discovered(files, empty_dirs)

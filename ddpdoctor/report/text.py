@@ -1,0 +1,206 @@
+"""`--output-format text`: the human format, modelled on ruff's.
+
+    train.py:12:9: DDP002 SyncBatchNorm conversion applied after the model was wrapped in DDP
+    Found 1 problem (1 error) in 1 file.
+
+Everything is built as `rich.text.Text` so that user-controlled strings (paths, messages, source
+lines) are never parsed as rich markup; without color the plain text is returned directly, so
+no environment variable (FORCE_COLOR, TERM) can sneak ANSI codes into a pipe.
+"""
+
+from __future__ import annotations
+
+import io
+import re
+from collections import Counter
+from typing import TYPE_CHECKING, Mapping, Optional, Sequence
+
+from rich.cells import cell_len
+from rich.console import Console
+from rich.text import Text
+
+from ddpdoctor.findings import Finding, Severity
+
+if TYPE_CHECKING:
+    from ddpdoctor.report import ReportContext
+
+SEVERITY_STYLE = {
+    Severity.ERROR: "bold red",
+    Severity.WARNING: "bold yellow",
+    Severity.INFO: "bold cyan",
+}
+_GUTTER_STYLE = "bold blue"
+_TAB_SIZE = 4
+# Python (and libcst) end a line at \r\n, \r or \n only; str.splitlines() also splits on \f,
+# \x1c.. and would shift every line number after one of those.
+_LINE_BREAK = re.compile(r"\r\n|\r|\n")
+# Control characters in a source line would corrupt the terminal (or smuggle ANSI codes into
+# colorless output); show them as the replacement character instead.
+_CONTROL = {code: "\ufffd" for code in [*range(0x00, 0x09), *range(0x0A, 0x20), 0x7F]}
+
+
+def plural(count: int, noun: str, nouns: Optional[str] = None) -> str:
+    return f"{count} {noun if count == 1 else (nouns or noun + 's')}"
+
+
+def is_fixable(finding: Finding) -> bool:
+    """What `--fix` would apply: an applicable fix that actually edits something."""
+    return finding.fix is not None and finding.fix.applicable and bool(finding.fix.edits)
+
+
+def _is_pseudo_path(path: str) -> bool:
+    # `<stdin>` is a file the user wrote; `<env>`/`<probe>` are not. Neither is a file on disk to
+    # count in "in N files", except that a lone `<stdin>` check would then read "in 0 files".
+    return path.startswith("<") and path.endswith(">") and path != "<stdin>"
+
+
+def finding_line(finding: Finding) -> Text:
+    first, *rest = _LINE_BREAK.split(finding.message)
+    line = Text.assemble(
+        (finding.path, "bold"),
+        f":{finding.line}:{finding.column}: ",
+        (finding.code, SEVERITY_STYLE[finding.severity]),
+        " ",
+        first,
+    )
+    # Continuation lines of a multi-line message are indented so that every line that starts
+    # at column 0 is still a `path:line:col:` line (grep, editors' error parsers).
+    for extra in rest:
+        line.append("\n    " + extra)
+    return line
+
+
+def _display(source_line: str) -> str:
+    return source_line.expandtabs(_TAB_SIZE).translate(_CONTROL)
+
+
+def _caret_span(source_line: str, finding: Finding) -> tuple[int, int]:
+    """(offset, width) in terminal cells of the caret run under `source_line`."""
+    start = max(finding.column, 1) - 1
+    if finding.end_line == finding.line:
+        end = max(finding.end_column - 1, start + 1)
+    else:
+        # A multi-line range: underline to the end of its first line, as ruff does.
+        end = max(len(source_line), start + 1)
+    # Cells, not characters: a CJK identifier or an emoji is two columns wide; tabs expand.
+    offset = cell_len(source_line[:start].expandtabs(_TAB_SIZE)) + max(start - len(source_line), 0)
+    through_end = cell_len(source_line[:end].expandtabs(_TAB_SIZE)) + max(end - len(source_line), 0)
+    return offset, max(through_end - offset, 1)
+
+
+def code_frame(finding: Finding, lines: Sequence[str]) -> list[Text]:
+    """The line before, the finding's line and a caret run under its columns."""
+    if not 1 <= finding.line <= len(lines):
+        return []
+    first = max(finding.line - 1, 1)
+    width = len(str(finding.line))
+
+    def gutter(label: str, tail: str = "") -> Text:
+        # Only the gutter is styled; the user's source keeps the terminal's default colour.
+        return Text.assemble((f"{label:>{width}} |", _GUTTER_STYLE), tail)
+
+    frame = [gutter("")]
+    for number in range(first, finding.line + 1):
+        shown = _display(lines[number - 1])
+        frame.append(gutter(str(number), " " + shown if shown else ""))
+    offset, caret_width = _caret_span(lines[finding.line - 1], finding)
+    caret = gutter("", " ")
+    caret.append(" " * offset + "^" * caret_width + " " + finding.code,
+                 style=SEVERITY_STYLE[finding.severity])
+    frame += [caret, gutter("")]
+    if finding.fix is not None:
+        frame.append(
+            Text.assemble((" " * width + " = ", _GUTTER_STYLE), ("help: ", "bold"),
+                          finding.fix.description)
+        )
+    return frame
+
+
+def statistics_table(findings: Sequence[Finding]) -> list[Text]:
+    """count, code, name per code, most frequent first (ties by code, for stable output)."""
+    counts = Counter(finding.code for finding in findings)
+    names = {finding.code: finding.name for finding in findings}
+    severities = {finding.code: finding.severity for finding in findings}
+    rows = sorted(counts.items(), key=lambda item: (-item[1], item[0]))
+    if not rows:
+        return []
+    count_width = max(len(str(count)) for _, count in rows)
+    code_width = max(len(code) for code, _ in rows)
+    return [
+        Text.assemble(
+            f"{count:>{count_width}}  ",
+            (f"{code:<{code_width}}", SEVERITY_STYLE[severities[code]]),
+            f"  {names[code]}",
+        )
+        for code, count in rows
+    ]
+
+
+def summary(findings: Sequence[Finding], context: "ReportContext") -> Text:
+    fixed = f"Fixed {plural(context.fixed, 'problem')}. " if context.fixed else ""
+    if not findings:
+        files = f" ({plural(context.files_checked, 'file')})" if context.files_checked else ""
+        return Text.assemble(fixed, (f"All checks passed!{files}", "bold green"))
+    by_severity = Counter(finding.severity for finding in findings)
+    breakdown = ", ".join(
+        plural(by_severity[severity], noun, nouns)
+        for severity, noun, nouns in (
+            (Severity.ERROR, "error", None),
+            (Severity.WARNING, "warning", None),
+            (Severity.INFO, "info", "info"),
+        )
+        if by_severity[severity]
+    )
+    files = {finding.path for finding in findings if not _is_pseudo_path(finding.path)}
+    where = f" in {plural(len(files), 'file')}" if files else ""
+    text = Text(f"Found {plural(len(findings), 'problem')} ({breakdown}){where}.", style="bold")
+    if fixed:
+        text.append(" " + fixed.rstrip())
+    fixable = sum(1 for finding in findings if is_fixable(finding))
+    if fixable:
+        text.append(f" {fixable} fixable with --fix.")
+    return text
+
+
+def _split_sources(sources: Mapping[str, str], findings: Sequence[Finding]) -> dict[str, list[str]]:
+    wanted = {finding.path for finding in findings}
+    return {path: _LINE_BREAK.split(text) for path, text in sources.items() if path in wanted}
+
+
+def to_string(lines: Sequence[Text], color: bool) -> str:
+    if not color:
+        return "\n".join(line.plain for line in lines)
+    buffer = io.StringIO()
+    console = Console(
+        file=buffer,
+        force_terminal=True,
+        color_system="standard",  # 16 colours: what every terminal and CI log viewer shows
+        no_color=False,  # the CLI already decided on color (NO_COLOR included)
+        width=10_000,  # never wrap: one finding, one line
+        soft_wrap=True,
+        highlight=False,
+        markup=False,
+        emoji=False,
+        legacy_windows=False,
+        force_jupyter=False,
+    )
+    console.print(Text("\n").join(lines), end="")
+    return buffer.getvalue()
+
+
+def render(findings: Sequence[Finding], context: "ReportContext") -> str:
+    ordered = sorted(findings, key=Finding.sort_key)
+    lines: list[Text] = []
+    if context.statistics:
+        lines += statistics_table(ordered)
+    else:
+        split = _split_sources(context.sources, ordered) if context.show_source else {}
+        for finding in ordered:
+            lines.append(finding_line(finding))
+            frame = code_frame(finding, split[finding.path]) if finding.path in split else []
+            if frame:
+                # A blank line after each frame keeps neighbouring findings apart, as in ruff.
+                lines += [*frame, Text("")]
+    if not context.quiet:
+        lines.append(summary(ordered, context))
+    return to_string(lines, context.color)

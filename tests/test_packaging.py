@@ -1,0 +1,59 @@
+"""Packaging: the linter alone never pulls torch in, and the wheel ships the rule catalog."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import zipfile
+from importlib.metadata import requires
+from pathlib import Path
+
+import pytest
+
+from ddpdoctor.catalog import load_catalog
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_core_dependencies_do_not_include_torch() -> None:
+    requirements = requires("ddpdoctor") or []
+    core = [r for r in requirements if "extra ==" not in r]
+    names = {r.split(";")[0].split(">")[0].split("=")[0].split("<")[0].strip().lower() for r in core}
+    assert names == {"libcst", "click", "rich"}
+    probe = [r for r in requirements if 'extra == "probe"' in r]
+    assert any(r.startswith("torch") for r in probe)
+    assert any(r.startswith("nvidia-ml-py") for r in probe)
+
+
+def test_cli_import_does_not_import_torch() -> None:
+    code = (
+        "import sys\n"
+        "import ddpdoctor.cli\n"
+        "assert 'torch' not in sys.modules, sorted(m for m in sys.modules if m.startswith('torch'))\n"
+        "assert 'pynvml' not in sys.modules\n"
+        "print(sorted(ddpdoctor.cli.main.commands))\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    for command in ("lint", "rules", "explain", "probe", "env"):
+        assert f"'{command}'" in result.stdout
+
+
+@pytest.mark.slow
+def test_wheel_ships_the_catalog(tmp_path: Path) -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-w", str(tmp_path), str(ROOT)],
+        capture_output=True, text=True, timeout=300,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    wheel = next(tmp_path.glob("ddpdoctor-*.whl"))
+    with zipfile.ZipFile(wheel) as archive:
+        names = set(archive.namelist())
+        archive.extractall(tmp_path / "unpacked")
+    source_pages = sorted(p.name for p in (ROOT / "rules").glob("*.md"))
+    assert source_pages
+    for page in source_pages:
+        assert f"ddpdoctor/_catalog/{page}" in names
+    shipped = load_catalog(str(tmp_path / "unpacked" / "ddpdoctor" / "_catalog"))
+    assert set(shipped) == set(load_catalog())
+    assert not any(n.startswith(("tests/", "fixtures/")) for n in names)

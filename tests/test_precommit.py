@@ -1,0 +1,63 @@
+"""The pre-commit hook, run for real: `pre-commit try-repo` against this repository."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+BUGGY = """\
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+dist.init_process_group("nccl")
+local_rank = dist.get_rank() % torch.cuda.device_count()
+torch.cuda.set_device(local_rank)
+model = DDP(Net().cuda(), device_ids=[local_rank])
+model = torch.nn.SyncBatchNorm.convert_sync_batchnorm(model)
+"""
+
+CLEAN = BUGGY.replace(
+    "model = DDP(Net().cuda(), device_ids=[local_rank])\nmodel = torch.nn.SyncBatchNorm.convert_sync_batchnorm(model)\n",
+    "model = torch.nn.SyncBatchNorm.convert_sync_batchnorm(Net().cuda())\nmodel = DDP(model, device_ids=[local_rank])\n",
+)
+
+
+def git(cwd: Path, *args: str) -> None:
+    subprocess.run(["git", *args], cwd=cwd, check=True, capture_output=True)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(shutil.which("git") is None, reason="git is required")
+def test_pre_commit_hook_fails_on_bug_and_passes_on_clean(tmp_path: Path) -> None:
+    assert BUGGY != CLEAN
+    work = tmp_path / "work"
+    work.mkdir()
+    git(work, "init", "-q")
+    git(work, "config", "user.email", "ci@example.invalid")
+    git(work, "config", "user.name", "ci")
+    (work / "buggy_train.py").write_text(BUGGY)
+    (work / "clean_train.py").write_text(CLEAN)
+    (work / "README.md").write_text("not python: the hook's `types: [python]` skips it\n")
+    git(work, "add", ".")
+    env = {**os.environ, "PRE_COMMIT_HOME": str(tmp_path / "pre-commit-home"), "NO_COLOR": "1"}
+
+    def try_repo(*files: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "pre_commit", "try-repo", str(ROOT), "ddpdoctor", "--files", *files],
+            cwd=work, env=env, capture_output=True, text=True, timeout=600,
+        )
+
+    bad = try_repo("buggy_train.py", "README.md")
+    assert bad.returncode == 1, bad.stdout + bad.stderr
+    assert "buggy_train.py:9:9: DDP002" in bad.stdout
+    good = try_repo("clean_train.py", "README.md")
+    assert good.returncode == 0, good.stdout + good.stderr
+    assert "Passed" in good.stdout
