@@ -19,6 +19,7 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 dist.init_process_group("nccl")
+torch.cuda.set_device(dist.get_rank() % torch.cuda.device_count())
 model = DDP(Net().cuda(), device_ids=[dist.get_rank() % torch.cuda.device_count()])
 model = torch.nn.SyncBatchNorm.convert_sync_batchnorm(model)
 """
@@ -60,8 +61,8 @@ def test_finding_is_reported_with_position_and_exit_1(project: Path) -> None:
     result = run(["lint", "train.py"], project)
     assert result.exit_code == 1
     first = result.output.splitlines()[0]
-    assert first.startswith("train.py:7:9: DDP002 ")
-    assert "wrapped at line 6" in first
+    assert first.startswith("train.py:8:9: DDP002 ")
+    assert "wrapped at line 7" in first
     assert "Found 1 problem (1 error) in 1 file." in result.output
 
 
@@ -128,14 +129,14 @@ def test_machine_formats(project: Path, fmt: str) -> None:
     assert result.exit_code == 1
     if fmt == "json":
         payload = json.loads(result.output)
-        assert payload[0]["code"] == "DDP002" and payload[0]["line"] == 7 and payload[0]["column"] == 9
-        assert payload[0]["end_line"] == 7 and payload[0]["severity"] == "error" and payload[0]["fix"] is None
+        assert payload[0]["code"] == "DDP002" and payload[0]["line"] == 8 and payload[0]["column"] == 9
+        assert payload[0]["end_line"] == 8 and payload[0]["severity"] == "error" and payload[0]["fix"] is None
     elif fmt == "sarif":
         payload = json.loads(result.output)
         assert payload["version"] == "2.1.0"
         assert payload["runs"][0]["results"][0]["ruleId"] == "DDP002"
     else:
-        assert result.output.startswith("::error file=train.py,line=7,col=9,")
+        assert result.output.startswith("::error file=train.py,line=8,col=9,")
 
 
 def test_output_file_and_statistics(project: Path) -> None:
@@ -149,7 +150,7 @@ def test_output_file_and_statistics(project: Path) -> None:
 def test_stdin_with_filename(project: Path) -> None:
     result = run(["lint", "-", "--stdin-filename", "scripts/train.py"], project, stdin=BUGGY.encode())
     assert result.exit_code == 1
-    assert result.output.startswith("scripts/train.py:7:9: DDP002")
+    assert result.output.startswith("scripts/train.py:8:9: DDP002")
     plain = run(["lint", "-"], project, stdin=CLEAN.encode())
     assert plain.exit_code == 0
 
@@ -164,7 +165,7 @@ def test_inline_suppression(project: Path) -> None:
         ("  # ddpdoctor: ignore[DDP001]", 1),
         ("  # noqa", 1),  # a bare noqa is for other linters
     ]:
-        patched = "\n".join(lines[:6] + [lines[6] + comment]) + "\n"
+        patched = "\n".join(lines[:7] + [lines[7] + comment]) + "\n"
         (project / "s.py").write_text(patched)
         assert run(["lint", "--no-cache", "s.py"], project).exit_code == expected, comment
 
@@ -254,8 +255,8 @@ def test_empty_file_bom_and_crlf(project: Path) -> None:
     code, findings = lint_json(project, "empty.py", "bom.py", "crlf.py")
     assert code == 1
     assert sorted((f["path"], f["code"], f["line"], f["column"]) for f in findings) == [
-        ("bom.py", "DDP002", 7, 9),
-        ("crlf.py", "DDP002", 7, 9),
+        ("bom.py", "DDP002", 8, 9),
+        ("crlf.py", "DDP002", 8, 9),
     ]
 
 
@@ -264,7 +265,7 @@ def test_twenty_thousand_line_file(project: Path) -> None:
     (project / "big.py").write_text(BUGGY + body)
     assert len((project / "big.py").read_text().splitlines()) > 20000
     code, findings = lint_json(project, "big.py")
-    assert code == 1 and [f["line"] for f in findings] == [7]
+    assert code == 1 and [f["line"] for f in findings] == [8]
 
 
 def test_unreadable_file_is_exit_2(project: Path) -> None:

@@ -62,8 +62,9 @@ PASS_THROUGH_METHODS = frozenset(
 # How deep value-following goes before it gives up (and the rule stays silent).
 MAX_DEPTH = 6
 
-# Callables whose for-loop iterates their (first) argument: `for i, batch in enumerate(loader)`.
-ITERATION_WRAPPERS = frozenset({"enumerate", "iter", "tqdm", "islice", "zip", "reversed"})
+# Callables whose for-loop iterates their (first) argument: `for i, batch in enumerate(loader)`,
+# `metric_logger.log_every(loader, print_freq, header)` (torchvision / DETR / MAE references).
+ITERATION_WRAPPERS = frozenset({"enumerate", "iter", "tqdm", "islice", "zip", "reversed", "log_every"})
 
 
 def canonical(name: str) -> str:
@@ -543,6 +544,9 @@ class ModuleFacts:
         self._call_by_node: dict[int, Call] = {}
         self._positions: Optional[dict[cst.CSTNode, CodeRange]] = None
         self._call_sites: Optional[dict[int, list[Call]]] = None
+        self._callees: Optional[dict[int, list[Function]]] = None
+        self._value_sites: Optional[dict[int, tuple[int, Optional[Function]]]] = None
+        self._argparse: Optional[dict[str, list[Expr]]] = None
 
     @classmethod
     def build(cls, module: cst.Module, path: str = "<string>", world_size: Optional[int] = None) -> "ModuleFacts":
@@ -736,20 +740,91 @@ class ModuleFacts:
 
     def _where(self, value: Expr, order: int, function: Optional[Function]) -> tuple[int, Optional[Function]]:
         """The order and function in which an assigned value was evaluated."""
-        for assignment in self.assignments:
-            if assignment.value is value:
-                return assignment.order, assignment.function
-        for fn in self.functions:
-            if value in fn.returns:
-                return fn.end_order, fn
+        if self._value_sites is None:
+            self._value_sites = {}
+            for assignment in self.assignments:
+                if assignment.value is not None:
+                    self._value_sites.setdefault(id(assignment.value), (assignment.order, assignment.function))
+            for fn in self.functions:
+                for returned in fn.returns:
+                    self._value_sites.setdefault(id(returned), (fn.end_order, fn))
+            # Arguments at call sites (what `argument_values` hands back for a parameter) are
+            # evaluated in the caller: without this, `train(train_loader)` would resolve
+            # `train_loader` inside `train` itself, i.e. back to the parameter.
+            for call in self.calls:
+                for arg in call.node.args:
+                    self._value_sites.setdefault(id(arg.value), (call.order, call.function))
+        site = self._value_sites.get(id(value))
+        if site is not None:
+            return site
         call = self.call_of(value)
         if call is not None:
             return call.order, call.function
         return order, function
 
+    def leaf_values(
+        self, expr: Optional[Expr], order: int, function: Optional[Function], depth: int = 0
+    ) -> list[tuple[Expr, int, Optional[Function]]]:
+        """Every expression a value may finally be, each with the order and function it is evaluated in.
+
+        Follows plain variables, `self.` attributes, parameters through this module's call sites
+        (and their defaults) and both arms of `a if c else b`. What cannot be followed further (a
+        name never assigned here such as an argparse attribute, a parameter without call sites, an
+        augmented assignment, tuple unpacking, a loop target) comes back as the expression itself,
+        so a rule asking "is every value a literal?" gets "no" and stays silent."""
+        if expr is None:
+            return []
+        if depth > MAX_DEPTH:
+            return [(expr, order, function)]
+        if isinstance(expr, cst.IfExp):
+            return self.leaf_values(expr.body, order, function, depth + 1) + self.leaf_values(
+                expr.orelse, order, function, depth + 1
+            )
+        name = dotted_name(expr)
+        if name is None:
+            return [(expr, order, function)]
+        assignments = self.reaching_assignments(name, order, function)
+        if not assignments:
+            return [(expr, order, function)]
+        out: list[tuple[Expr, int, Optional[Function]]] = []
+        for assignment in assignments:
+            if assignment.kind == "param" and assignment.function is not None:
+                sources = self._argument_sites(assignment.function, name)
+                if assignment.value is not None:  # the default, evaluated where the def runs
+                    sources.append((assignment.value, assignment.order, assignment.function.parent))
+                if not sources:
+                    out.append((expr, order, function))
+                for value, v_order, v_function in sources:
+                    out.extend(self.leaf_values(value, v_order, v_function, depth + 1))
+            elif assignment.kind in ("assign", "annassign") and assignment.value is not None:
+                out.extend(self.leaf_values(assignment.value, assignment.order, assignment.function, depth + 1))
+            else:
+                out.append((expr, order, function))
+        return out
+
+    def _argument_sites(self, function: Function, param: str) -> list[tuple[Expr, int, Optional[Function]]]:
+        """Like `argument_values`, with the order and function of each call site."""
+        try:
+            index = function.params.index(param)
+        except ValueError:
+            return []
+        if function.klass is not None and function.params and function.params[0] in ("self", "cls"):
+            index -= 1
+        out: list[tuple[Expr, int, Optional[Function]]] = []
+        for site in self.call_sites(function):
+            value = site.arg(position=index if index >= 0 else None, keyword=param)
+            if value is not None:
+                out.append((value, site.order, site.function))
+        return out
+
     def resolve_local_function(self, call: Call) -> list[Function]:
         """The module's own functions a call may invoke (`helper()`, `self.helper()`)."""
-        return [fn for fn in self.functions if call in self.call_sites(fn)]
+        if self._callees is None:
+            self._callees = {}
+            for fn in self.functions:
+                for site in self.call_sites(fn):
+                    self._callees.setdefault(id(site), []).append(fn)
+        return self._callees.get(id(call), [])
 
     def origin_names(self, expr: Optional[Expr], order: int, function: Optional[Function]) -> set[str]:
         """Qualified names of the calls a value may come from, e.g. {"torch.utils.data.DistributedSampler"}."""
@@ -810,7 +885,14 @@ class ModuleFacts:
         owner, _, attr = dotted.rpartition(".")
         if not owner or "." in owner:
             return None
-        found: Optional[Expr] = None
+        if self._argparse is None:
+            self._argparse = self._collect_argparse_defaults()
+        defaults = self._argparse.get(attr, [])
+        # Two arguments with the same dest, or none: undecidable.
+        return defaults[0] if len(defaults) == 1 else None
+
+    def _collect_argparse_defaults(self) -> dict[str, list[Expr]]:
+        table: dict[str, list[Expr]] = {}
         for call in self.method_calls("add_argument"):
             dest: Optional[str] = None
             explicit = call.arg(keyword="dest")
@@ -825,11 +907,17 @@ class ModuleFacts:
                             break
                         if not flag.startswith("-"):
                             dest = flag
-            if dest == attr:
-                if found is not None:
-                    return None  # two arguments with the same dest: undecidable
-                found = call.arg(keyword="default")
-        return found
+            if dest is not None:
+                default = call.arg(keyword="default")
+                if default is None:
+                    # argparse's own defaults: False for store_true, True for store_false, else None.
+                    action = call.arg(keyword="action")
+                    action_name = action.evaluated_value if isinstance(action, cst.SimpleString) else None
+                    default = cst.Name(
+                        {"store_true": "False", "store_false": "True"}.get(str(action_name), "None")
+                    )
+                table.setdefault(dest, []).append(default)
+        return table
 
     # ---- loops: what they iterate, what runs inside them
 
