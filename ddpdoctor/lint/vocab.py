@@ -9,12 +9,15 @@ place and every rule reads the same answer.
 
 from __future__ import annotations
 
+import re
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Optional
 
 import libcst as cst
 
 if TYPE_CHECKING:
     from ddpdoctor.lint.facts import Function, ModuleFacts
+    from ddpdoctor.lint.facts import Call
 
 GLOBAL_RANK_CALLS = frozenset(
     {
@@ -160,6 +163,8 @@ def rank_kind(
 def _spawn_index(facts: "ModuleFacts", name: str, function: Optional["Function"]) -> bool:
     """True when `name` is the first parameter of a function handed to `mp.spawn`: the index of
     the spawned process on this node."""
+    from ddpdoctor.lint.facts import dotted_name  # local: facts imports this module
+
     if function is None or "." in name or not function.params or function.params[0] != name:
         return False
     for call in facts.calls_named("torch.multiprocessing.spawn", "torch.multiprocessing.start_processes"):
@@ -354,6 +359,10 @@ def _classify_comparison(
         if isinstance(operator, (cst.NotEqual, cst.GreaterThan)):
             return "nonzero"
         return None
+    if _literal_ints(cst.List([cst.Element(right)])) == [-1]:
+        # `RANK != -1` (yolov5) / `args.local_rank == -1`: -1 parses as a unary minus, not an
+        # Integer. It means "is (not) distributed", never a subset of ranks.
+        return None
     if isinstance(right, cst.Integer):
         value = int(right.evaluated_value)
         if value == -1:
@@ -365,3 +374,410 @@ def _classify_comparison(
     if isinstance(operator, (cst.Equal, cst.NotEqual)):
         return "subset"
     return None
+
+
+# ------------------------------------------------------------------------------------------ devices
+# Which GPU a process uses: the calls that pin it, the arguments that name a device, the idiom of
+# one visible GPU per process, and whether the script runs as several processes at all.
+
+INIT_PROCESS_GROUP = "torch.distributed.init_process_group"
+DDP_CLASS = "torch.nn.parallel.DistributedDataParallel"
+HOROVOD_INIT_CALLS = frozenset(
+    {"horovod.torch.init", "horovod.tensorflow.init", "horovod.keras.init", "horovod.tensorflow.keras.init"}
+)
+SPAWN_CALLS = frozenset({"torch.multiprocessing.spawn", "torch.multiprocessing.start_processes"})
+
+# Calls that make a device the process's current one (a call or a `with` context).
+DEVICE_PIN_CALLS = frozenset(
+    {
+        "torch.cuda.set_device",
+        "torch.cuda.device",
+        "torch.accelerator.set_device_index",
+        "torch.accelerator.device_index",
+    }
+)
+# Calls whose first argument is a CUDA device index (an int means that GPU).
+DEVICE_INDEX_CALLS = DEVICE_PIN_CALLS
+# Helpers of the project's own that, by their name, pick this process's device
+# (`set_device(...)`, timm's `init_distributed_device(args)`, `setup_device(local_rank)`).
+_PIN_HELPER = re.compile(r"^(set|setup|init|pin|select|assign)_?(\w*_)?(device|gpu|cuda)s?(_\w*)?$", re.IGNORECASE)
+_CUDA_INDEX = re.compile(r"^cuda:(\d+)$")
+_CUDA_PERCENT = re.compile(r"^cuda:%[dis]$")
+VISIBLE_DEVICES_KEYS = frozenset({"CUDA_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES", "NVIDIA_VISIBLE_DEVICES"})
+
+
+def device_pin_calls(facts: "ModuleFacts") -> list["Call"]:
+    """Calls that pin this process's device: `torch.cuda.set_device(x)`, `with torch.cuda.device(x)`,
+    `torch.accelerator.set_device_index(x)`, `init_process_group(..., device_id=x)`, or a helper
+    whose name says it does (`utils.set_device(...)`, `init_distributed_device(args)`)."""
+    out: list["Call"] = []
+    for call in facts.calls:
+        if call.name in DEVICE_PIN_CALLS:
+            out.append(call)
+        elif call.name == INIT_PROCESS_GROUP and call.arg(keyword="device_id") is not None:
+            out.append(call)
+        elif call.attr is not None and _PIN_HELPER.match(call.attr) and not (call.name or "").startswith("torch."):
+            out.append(call)
+    return out
+
+
+def visible_devices_writes(facts: "ModuleFacts") -> list[cst.CSTNode]:
+    """Where the script sets `CUDA_VISIBLE_DEVICES` itself (`os.environ["CUDA_VISIBLE_DEVICES"] =
+    str(local_rank)`, `os.environ.setdefault(...)`, `env["CUDA_VISIBLE_DEVICES"] = ...` for a child
+    process, `os.putenv(...)`). A process that sees one GPU finds it at index 0, so `cuda:0` is then
+    its own device."""
+    out: list[cst.CSTNode] = []
+    for store in facts.subscript_stores:
+        if isinstance(store.key, cst.SimpleString) and store.key.evaluated_value in VISIBLE_DEVICES_KEYS:
+            out.append(store.value)
+    for call in facts.calls_named("os.environ.setdefault", "os.putenv"):
+        key = call.arg(0)
+        if isinstance(key, cst.SimpleString) and key.evaluated_value in VISIBLE_DEVICES_KEYS:
+            out.append(call.node)
+    for call in facts.method_calls("update"):
+        for arg in call.args:
+            if isinstance(arg.value, cst.Dict):
+                for element in arg.value.elements:
+                    key = getattr(element, "key", None)
+                    if isinstance(key, cst.SimpleString) and key.evaluated_value in VISIBLE_DEVICES_KEYS:
+                        out.append(call.node)
+            elif arg.keyword is not None and arg.keyword.value in VISIBLE_DEVICES_KEYS:
+                out.append(call.node)
+    return out
+
+
+def multiprocess_evidence(facts: "ModuleFacts") -> Optional["Call"]:
+    """The call that makes this a multi-process training script, or None.
+
+    `init_process_group` with a world size that is not provably 1; without any init in this file,
+    wrapping in DDP, `hvd.init()` or `mp.spawn`. A script whose every init is `world_size=1` (or that
+    is linted with --world-size 1) is a single process."""
+    if facts.world_size == 1:
+        return None
+    inits = facts.calls_named(INIT_PROCESS_GROUP)
+    if inits:
+        for call in inits:
+            world = call.arg(3, "world_size")
+            if world is None or facts.const_value(world, call.order, call.function) != 1:
+                return call
+        return None
+    for names in ((DDP_CLASS,), tuple(HOROVOD_INIT_CALLS), tuple(SPAWN_CALLS)):
+        calls = facts.calls_named(*names)
+        if calls:
+            return calls[0]
+    return None
+
+
+@dataclass(eq=False)
+class DeviceArgument:
+    """An argument that names a device: `set_device(x)`, `device_ids=[x]`, `.cuda(x)`, `.to(x)`,
+    `torch.device(x)`, `device=x`, `map_location=x`."""
+
+    call: "Call"
+    expr: cst.BaseExpression
+    where: str  # how a message names it: "torch.cuda.set_device()", "device_ids", ".to()", ...
+    ints: bool  # a bare int here means a CUDA device index
+
+
+def device_arguments(facts: "ModuleFacts") -> list[DeviceArgument]:
+    out: list[DeviceArgument] = []
+    for call in facts.calls:
+        name = call.name
+        if name in DEVICE_INDEX_CALLS:
+            expr = call.arg(0, "device")
+            if expr is not None:
+                out.append(DeviceArgument(call, expr, f"{name}()", True))
+            continue
+        if name == DDP_CLASS:
+            ids = call.arg(1, "device_ids")
+            if isinstance(ids, (cst.List, cst.Tuple)):
+                for element in ids.elements:
+                    if not isinstance(element, cst.StarredElement):
+                        out.append(DeviceArgument(call, element.value, "device_ids", True))
+            output = call.arg(2, "output_device")
+            if output is not None:
+                out.append(DeviceArgument(call, output, "output_device", True))
+            continue
+        if name == "torch.device":
+            expr = call.arg(0, "type")
+            if expr is not None:
+                out.append(DeviceArgument(call, expr, "torch.device()", True))
+            index = call.arg(1, "index")
+            if index is not None:
+                out.append(DeviceArgument(call, index, "torch.device()", True))
+            continue
+        if name is None and isinstance(call.node.func, cst.Attribute) and call.attr in ("cuda", "to"):
+            expr = call.arg(0, "device")
+            if expr is not None:
+                out.append(DeviceArgument(call, expr, f".{call.attr}()", True))
+            continue
+        for keyword in ("device", "map_location"):
+            expr = call.arg(keyword=keyword)
+            if expr is not None:
+                ints = keyword == "device" and (name or "").startswith("torch.")
+                out.append(DeviceArgument(call, expr, f"{keyword}=", ints))
+    return out
+
+
+@dataclass(eq=False)
+class DeviceIndex:
+    """What one value of a device argument says about the GPU index.
+
+    kind "literal": hard-coded (`0`, `"cuda:1"`, `torch.device("cuda", 0)`); `node` is the literal.
+    kind "expr": computed; `node` is the index expression (`rank` in `f"cuda:{rank}"`).
+    kind "other": no index (`"cuda"`, `"cpu"`, a dtype, a value that cannot be followed)."""
+
+    kind: str
+    node: cst.BaseExpression
+    order: int
+    function: Optional["Function"]
+    index: Optional[int] = None
+
+
+def device_indices(
+    facts: "ModuleFacts",
+    expr: cst.BaseExpression,
+    order: int,
+    function: Optional["Function"],
+    ints: bool = True,
+    depth: int = 0,
+) -> list[DeviceIndex]:
+    """Every value a device argument may hold (followed through variables, `self.` attributes,
+    parameters and `torch.device(...)`), classified as a hard-coded index, a computed index or
+    neither."""
+    from ddpdoctor.lint.facts import MAX_DEPTH
+
+    out: list[DeviceIndex] = []
+    for value, v_order, v_function in facts.leaf_values(expr, order, function):
+        if depth > MAX_DEPTH:
+            out.append(DeviceIndex("other", value, v_order, v_function))
+        else:
+            out.extend(_device_index_of(facts, value, v_order, v_function, ints, depth))
+    return out
+
+
+def _device_index_of(
+    facts: "ModuleFacts", value: cst.BaseExpression, order: int, function: Optional["Function"], ints: bool, depth: int
+) -> list[DeviceIndex]:
+    from ddpdoctor.lint.facts import dotted_name
+
+    if isinstance(value, cst.Integer):
+        if ints:
+            return [DeviceIndex("literal", value, order, function, int(value.evaluated_value))]
+        return [DeviceIndex("other", value, order, function)]
+    if isinstance(value, cst.SimpleString):
+        text = value.evaluated_value
+        match = _CUDA_INDEX.match(text) if isinstance(text, str) else None
+        if match:
+            return [DeviceIndex("literal", value, order, function, int(match.group(1)))]
+        return [DeviceIndex("other", value, order, function)]
+    if isinstance(value, cst.FormattedString):
+        parts = value.parts
+        if (
+            len(parts) == 2
+            and isinstance(parts[0], cst.FormattedStringText)
+            and parts[0].value == "cuda:"
+            and isinstance(parts[1], cst.FormattedStringExpression)
+        ):
+            return [DeviceIndex("expr", parts[1].expression, order, function)]
+        return [DeviceIndex("other", value, order, function)]
+    if isinstance(value, cst.BinaryOperation) and isinstance(value.operator, cst.Modulo):
+        left = value.left
+        if isinstance(left, cst.SimpleString) and _CUDA_PERCENT.match(str(left.evaluated_value)):
+            right = value.right
+            if isinstance(right, cst.Tuple) and len(right.elements) == 1:
+                right = right.elements[0].value
+            return [DeviceIndex("expr", right, order, function)]
+    if isinstance(value, cst.Call):
+        name = facts.qualify(value.func)
+        if name == "torch.device":
+            call = facts.call_of(value)
+            index = call.arg(1, "index") if call is not None else None
+            kind = call.arg(0, "type") if call is not None else None
+            if index is not None:
+                return device_indices(facts, index, order, function, True, depth + 1)
+            if kind is not None:
+                return device_indices(facts, kind, order, function, True, depth + 1)
+            return [DeviceIndex("other", value, order, function)]
+        func = value.func
+        if (
+            isinstance(func, cst.Attribute)
+            and func.attr.value == "format"
+            and isinstance(func.value, cst.SimpleString)
+            and func.value.evaluated_value == "cuda:{}"
+            and len(value.args) == 1
+        ):
+            return [DeviceIndex("expr", value.args[0].value, order, function)]
+    if ints or dotted_name(value) is not None:
+        return [DeviceIndex("expr", value, order, function)]
+    return [DeviceIndex("other", value, order, function)]
+
+
+def rank_source(
+    facts: "ModuleFacts",
+    expr: Optional[cst.BaseExpression],
+    order: int,
+    function: Optional["Function"],
+    depth: int = 0,
+) -> Optional[str]:
+    """Like `rank_kind`, but only from where the value comes from, never from what a variable is
+    called: "global" for RANK / `dist.get_rank()` / `hvd.rank()` / a `get_rank()` helper, "local"
+    for LOCAL_RANK / `hvd.local_rank()` / a rank modulo the GPU count, "spawn" for the `mp.spawn`
+    index, None when the value cannot be traced (or its sources disagree). For rules that must not
+    guess."""
+    from ddpdoctor.lint.facts import MAX_DEPTH, dotted_name
+
+    if expr is None or depth > MAX_DEPTH:
+        return None
+    if isinstance(expr, cst.BinaryOperation) and isinstance(expr.operator, cst.Modulo):
+        if rank_kind(facts, expr.left, order, function, depth + 1) is not None:
+            return "local"
+        return None
+    key = env_key(facts, expr)
+    if key is None:
+        key = _env_copy_key(facts, expr, order, function)
+    if key is not None:
+        if key in LOCAL_RANK_ENV:
+            return "local"
+        if key in GLOBAL_RANK_ENV:
+            return "global"
+        return None
+    if isinstance(expr, cst.Call):
+        name = facts.qualify(expr.func)
+        if name in GLOBAL_RANK_CALLS:
+            return "global"
+        if name in LOCAL_RANK_CALLS:
+            return "local"
+        dotted = dotted_name(expr.func)
+        if name is None or not name.startswith(("torch.", "horovod.")):
+            last = _last_segment(dotted or name or "")
+            if last in GLOBAL_RANK_HELPERS:
+                return "global"
+            if last in LOCAL_RANK_HELPERS:
+                return "local"
+            if last == "int" and expr.args:
+                return rank_source(facts, expr.args[0].value, order, function, depth + 1)
+        call = facts.call_of(expr)
+        if call is not None:
+            # The module's own helper: what it returns. A literal return is the single-process
+            # fallback of `get_rank()`-style helpers (`return 0`), not a different kind of rank.
+            returned: set[Optional[str]] = set()
+            for helper in facts.resolve_local_function(call):
+                for value in helper.returns:
+                    if not isinstance(value, cst.Integer):
+                        returned.add(rank_source(facts, value, helper.end_order, helper, depth + 1))
+            if len(returned) == 1:
+                return returned.pop()
+        return None
+    name = dotted_name(expr)
+    if name is None:
+        return None
+    last = _last_segment(name)
+    if last == "process_index":
+        return "global"
+    if last == "local_process_index":
+        return "local"
+    if _spawn_index(facts, name, function):
+        return "spawn"
+    kinds: set[Optional[str]] = set()
+    for value, v_order, v_function in facts.leaf_values(expr, order, function):
+        if value is expr:
+            kinds.add(None)
+            continue
+        kinds.add(rank_source(facts, value, v_order, v_function, depth + 1))
+    if len(kinds) == 1:
+        return kinds.pop()
+    return None
+
+
+def env_reads(facts: "ModuleFacts") -> list[tuple[str, cst.CSTNode]]:
+    """Every environment variable the module reads, with the node that reads it:
+    `os.environ["X"]`, `os.environ.get("X")`, `os.getenv("X")` and `"X" in os.environ`. Walks the
+    tree, so call it only once a rule has a candidate finding."""
+    from ddpdoctor.lint.facts import _child_fields
+
+    out: list[tuple[str, cst.CSTNode]] = []
+    stack: list[cst.CSTNode] = [facts.module]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, cst.AssignTarget) and isinstance(node.target, cst.Subscript):
+            continue  # `os.environ["RANK"] = str(rank)` sets the variable; it is not read here
+        if isinstance(node, (cst.Subscript, cst.Call)):
+            key = env_key(facts, node)
+            if key is not None:
+                out.append((key, node))
+        elif isinstance(node, cst.Comparison) and len(node.comparisons) == 1:
+            target = node.comparisons[0]
+            if (
+                isinstance(target.operator, (cst.In, cst.NotIn))
+                and isinstance(node.left, cst.SimpleString)
+                and facts.qualify(target.comparator) == "os.environ"
+            ):
+                out.append((str(node.left.evaluated_value), node))
+        for name in _child_fields(type(node)):
+            value = getattr(node, name)
+            if isinstance(value, cst.CSTNode):
+                stack.append(value)
+            elif type(value) in (tuple, list):
+                stack.extend(v for v in value if isinstance(v, cst.CSTNode))
+    return out
+
+
+def runs_in_module(facts: "ModuleFacts", function: Optional["Function"], depth: int = 0) -> bool:
+    """False when `function` is a module-level helper this module never calls nor hands on
+    (`mp.spawn(worker)`, `Process(target=worker)`), even through its callers: a utils module's
+    `setup()` that other files call, after doing their own set-up. Methods count as running (their
+    class is instantiated elsewhere), and so does anything undecidable."""
+    from ddpdoctor.lint.facts import dotted_name
+
+    if function is None or function.klass is not None or depth > 4:
+        return True
+    sites = facts.call_sites(function)
+    if any(runs_in_module(facts, site.function, depth + 1) for site in sites):
+        return True
+    for call in facts.calls:
+        for arg in call.args:
+            if dotted_name(arg.value) == function.name and call.node.func is not arg.value:
+                return True
+    return False
+
+
+def in_test_case(call: "Call") -> bool:
+    """True inside a unit-test class (`class TestAllreduce(unittest.TestCase)`, `TorchTests`):
+    test harnesses choose devices per test on purpose and are not training scripts."""
+    function = call.function
+    klass = call.ctx.klass
+    while klass is None and function is not None:
+        klass, function = function.klass, function.parent
+    return klass is not None and (klass.startswith("Test") or klass.endswith(("Test", "Tests")))
+
+
+def _env_copy_key(
+    facts: "ModuleFacts", expr: cst.BaseExpression, order: int, function: Optional["Function"]
+) -> Optional[str]:
+    """`env["RANK"]` where `env` is a copy of the environment: `dict(os.environ)`,
+    `os.environ.copy()`, or `{key: os.environ[key] for key in (...)}` (pytorch/examples)."""
+    if not isinstance(expr, cst.Subscript) or len(expr.slice) != 1 or not isinstance(expr.slice[0].slice, cst.Index):
+        return None
+    key = expr.slice[0].slice.value
+    if not isinstance(key, cst.SimpleString):
+        return None
+    leaves = facts.leaf_values(expr.value, order, function)
+    if not leaves:
+        return None
+    for value, _, _ in leaves:
+        if isinstance(value, cst.DictComp):
+            inner = value.value
+            if not (isinstance(inner, cst.Subscript) and facts.qualify(inner.value) == "os.environ"):
+                return None
+        elif isinstance(value, cst.Call):
+            name = facts.qualify(value.func) or ""
+            is_copy = name == "os.environ.copy" or (
+                isinstance(value.func, cst.Name) and value.func.value == "dict" and len(value.args) == 1
+                and facts.qualify(value.args[0].value) == "os.environ"
+            )
+            if not is_copy:
+                return None
+        else:
+            return None
+    return str(key.evaluated_value)

@@ -1,0 +1,135 @@
+"""DDP010 forward-bypasses-ddp: the training forward pass calls `ddp_model.module(x)` instead of `ddp_model(x)`."""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import libcst as cst
+
+from ddpdoctor.findings import Fix
+from ddpdoctor.lint.facts import Call, Function
+from ddpdoctor.lint.rules.base import Rule
+
+DDP = "torch.nn.parallel.DistributedDataParallel"
+# Context managers and decorators under which no gradient is recorded, so no all-reduce is missed.
+NO_GRAD = frozenset(
+    {"torch.no_grad", "torch.inference_mode", "torch.autograd.no_grad", "torch.autograd.grad_mode.no_grad",
+     "torch.autograd.inference_mode", "torch.autograd.grad_mode.inference_mode"}
+)
+# Functions that evaluate rather than train: their forward passes produce no gradients to sync.
+EVAL_WORDS = ("eval", "valid", "test", "infer", "predict", "generate", "sample")
+# How many levels of callers to inspect for "is this a training forward / is it under no_grad".
+MAX_CALLERS = 3
+
+
+class ForwardBypassesDDP(Rule):
+    """
+    Valid:
+        model = DDP(model, device_ids=[local_rank])
+        loss = criterion(model(images), target)
+        loss.backward()
+        torch.save(model.module.state_dict(), "checkpoint.pt")
+    Invalid:
+        model = DDP(model, device_ids=[local_rank])
+        loss = criterion(model.module(images), target)
+        loss.backward()
+    """
+
+    code = "DDP010"
+    trigger_words = (".module(", ".module.forward(")
+
+    def check(self) -> None:
+        if not self.facts.calls_named(DDP):
+            return
+        for call in self.facts.calls:
+            wrapped = self._wrapped_receiver(call)
+            if wrapped is None:
+                continue
+            if self._without_grad(call, 0) or not self._trains(call.function, 0):
+                continue
+            wraps = [c for c in self.facts.origin_calls(wrapped, call.order, call.function) if c.name == DDP]
+            if not wraps:
+                continue  # `.module` of something not known to be DDP (a DataParallel, a plain nn.Module)
+            wrap = min(wraps, key=lambda c: c.order)
+            receiver = self.facts.code_of(wrapped)
+            callee = self.facts.code_of(call.node.func)
+            self.report(
+                call.node,
+                f"`{callee}(...)` runs the forward pass on the module inside DistributedDataParallel (wrapped at "
+                f"line {self.line(wrap.node)}), bypassing DDP, so its gradients are never all-reduced and the "
+                f"replicas drift apart. Call `{receiver}(...)` instead.",
+                fix=Fix(
+                    f"Call `{receiver}(...)` instead of `{callee}(...)`",
+                    # Not applied by --fix: the DDP forward also broadcasts buffers and expects a backward
+                    # through every forward; a forward whose output is not used for the loss (or that runs
+                    # several times per step) can then fail, so a human should confirm.
+                    applicable=False,
+                    edits=(self.replace(call.node.func, receiver),),
+                ),
+            )
+
+    @staticmethod
+    def _wrapped_receiver(call: Call) -> Optional[cst.BaseExpression]:
+        """`X` for `X.module(...)` and `X.module.forward(...)`, else None."""
+        func = call.node.func
+        if not isinstance(func, cst.Attribute):
+            return None
+        if func.attr.value == "forward":
+            func = func.value
+            if not isinstance(func, cst.Attribute):
+                return None
+        if func.attr.value != "module":
+            return None
+        return func.value
+
+    def _without_grad(self, call: Call, depth: int) -> bool:
+        """True when the call runs with gradients off: inside `with torch.no_grad():` (or inference_mode),
+        in a function decorated with them, or in a helper whose every call site is."""
+        for context in call.ctx.withs:
+            target = context.func if isinstance(context, cst.Call) else context
+            if self.facts.qualify(target) in NO_GRAD:
+                return True
+            if isinstance(context, cst.Call) and self.facts.qualify(context.func) == "torch.set_grad_enabled":
+                flag = context.args[0].value if context.args else None
+                if isinstance(flag, cst.Name) and flag.value == "False":
+                    return True
+        for function in self._functions_around(call.function):
+            if self._decorated_no_grad(function):
+                return True
+        if call.function is not None and depth < MAX_CALLERS:
+            sites = self.facts.call_sites(call.function)
+            if sites and all(self._without_grad(site, depth + 1) for site in sites):
+                return True
+        return False
+
+    def _decorated_no_grad(self, function: Function) -> bool:
+        node = function.node
+        if not isinstance(node, cst.FunctionDef):
+            return False
+        for decorator in node.decorators:
+            target = decorator.decorator
+            if isinstance(target, cst.Call):
+                target = target.func
+            if self.facts.qualify(target) in NO_GRAD:
+                return True
+        return False
+
+    @staticmethod
+    def _functions_around(function: Optional[Function]) -> list[Function]:
+        out = []
+        while function is not None:
+            out.append(function)
+            function = function.parent
+        return out
+
+    def _trains(self, function: Optional[Function], depth: int) -> bool:
+        """True when the forward pass belongs to training: a `.backward(...)` runs in the same function, or
+        in a function that (transitively) calls it, and that function is not an evaluation function."""
+        if function is not None and any(part.startswith(EVAL_WORDS) for part in function.name.lower().split("_")):
+            return False  # `evaluate`, `run_validation`, `test_step`, `sample_images`; not `train_resampled`
+        calls = function.calls if function is not None else [c for c in self.facts.calls if c.function is None]
+        if any(c.attr == "backward" for c in calls):
+            return True
+        if function is None or depth >= MAX_CALLERS:
+            return False
+        return any(self._trains(site.function, depth + 1) for site in self.facts.call_sites(function))

@@ -1,0 +1,175 @@
+"""DDP001 missing-set-epoch: a shuffling DistributedSampler iterated epoch after epoch without `set_epoch`."""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import libcst as cst
+
+from ddpdoctor.lint.facts import Call, Loop, names_in
+from ddpdoctor.lint.rules.base import Rule
+
+SAMPLER = "torch.utils.data.DistributedSampler"
+DATA_LOADER = "torch.utils.data.DataLoader"
+BATCH_SAMPLER = "torch.utils.data.BatchSampler"
+MAX_CALLERS = 3
+
+
+class MissingSetEpoch(Rule):
+    """
+    Valid:
+        sampler = DistributedSampler(train_set)
+        loader = DataLoader(train_set, batch_size=32, sampler=sampler)
+        for epoch in range(epochs):
+            sampler.set_epoch(epoch)
+            for images, target in loader:
+                loss = criterion(model(images), target)
+                loss.backward()
+    Invalid:
+        sampler = DistributedSampler(train_set)
+        loader = DataLoader(train_set, batch_size=32, sampler=sampler)
+        for epoch in range(epochs):
+            for images, target in loader:
+                loss = criterion(model(images), target)
+                loss.backward()
+    """
+
+    code = "DDP001"
+    trigger_words = ("DistributedSampler",)
+
+    def check(self) -> None:
+        samplers = [s for s in self.facts.calls_named(SAMPLER) if self._shuffles(s)]
+        if not samplers:
+            return
+        loaders = self.facts.calls_named(DATA_LOADER)
+        set_epochs = self.facts.method_calls("set_epoch")
+        reported: set[tuple[int, int]] = set()
+        for sampler in samplers:
+            fed = [loader for loader in loaders if self._fed_by(loader, sampler)]
+            if not fed:
+                continue
+            for inner in self.facts.loops:
+                sources = [c for c in self.facts.loop_sources(inner) if c.name == DATA_LOADER and c in fed]
+                if not sources or not self._trains(inner):
+                    continue
+                for epoch_loop in self._epoch_loops(inner):
+                    key = (id(sampler), id(epoch_loop))
+                    if key in reported or self._reseeded_each_epoch(sampler, epoch_loop):
+                        continue
+                    within = self.facts.calls_within(epoch_loop, depth=MAX_CALLERS)
+                    if any(self._sets_epoch(c, sampler, fed) for c in within if c.attr == "set_epoch"):
+                        continue
+                    if any(self._unresolved(c) for c in set_epochs if c in within):
+                        continue
+                    reported.add(key)
+                    name = self._name_of(sampler)
+                    self.report(
+                        inner.iter if inner.iter is not None else inner.node,
+                        f"This training loader draws from the shuffling DistributedSampler `{name}` (line "
+                        f"{self.line(sampler.node)}), but set_epoch is never called in the epoch loop (line "
+                        f"{self.line(epoch_loop.node)}), so every epoch repeats the same order on every rank. "
+                        f"Call `{name}.set_epoch(epoch)` at the start of each epoch.",
+                    )
+
+    def _reseeded_each_epoch(self, sampler: Call, epoch_loop: Loop) -> bool:
+        """`DistributedSampler(ds, seed=base_seed + epoch)` built inside the epoch loop: a new order
+        every epoch without set_epoch."""
+        inside = sampler.function is epoch_loop.function and epoch_loop.order < sampler.order < epoch_loop.end_order
+        seed = sampler.arg(4, "seed")
+        if not inside or seed is None:
+            return False
+        # The seed must change with the loop (`args.seed + epoch`); `seed=args.seed` repeats the order.
+        return any(name in epoch_loop.target_names for name in names_in(seed))
+
+    def _trains(self, inner: Loop) -> bool:
+        """The loop over the loader trains: a `.backward()` runs in it, directly or in a helper. An
+        evaluation loop's order does not matter, so its sampler needs no set_epoch."""
+        return any(c.attr == "backward" for c in self.facts.calls_within(inner, depth=MAX_CALLERS))
+
+    def _name_of(self, sampler: Call) -> str:
+        for assignment in self.facts.assignments:
+            if assignment.value is sampler.node:
+                return assignment.target
+        return "sampler"
+
+    def _shuffles(self, sampler: Call) -> bool:
+        """Shuffles for sure: `shuffle` absent (default True) or a value that is True; an undecidable
+        `shuffle=args.shuffle` stays silent."""
+        if sampler.has_star_args():
+            return False
+        shuffle = sampler.arg(3, "shuffle")
+        if shuffle is None:
+            return True
+        return self.facts.const_value(shuffle, sampler.order, sampler.function) is True
+
+    def _fed_by(self, loader: Call, sampler: Call) -> bool:
+        """The loader draws from `sampler`: `sampler=sampler`, or `batch_sampler=BatchSampler(sampler, ...)`."""
+        chosen = loader.arg(3, "sampler")
+        if chosen is not None and sampler in self.facts.origin_calls(chosen, loader.order, loader.function):
+            return True
+        batches = loader.arg(4, "batch_sampler")
+        if batches is None:
+            return False
+        for origin in self.facts.origin_calls(batches, loader.order, loader.function):
+            if origin.name == BATCH_SAMPLER:
+                inner = origin.arg(0, "sampler")
+                if inner is not None and sampler in self.facts.origin_calls(inner, origin.order, origin.function):
+                    return True
+        return False
+
+    def _epoch_loops(self, inner: Loop, depth: int = 0) -> list[Loop]:
+        """The loops that run `inner` over and over: loops around it in its function, else the loops
+        around the call sites of its function (`train_one_epoch(loader)` called in `for epoch in ...`)."""
+        around = self.facts.enclosing_loops(inner)
+        if around:
+            return around[-1:]  # the outermost: the epoch loop, not a retry loop inside it
+        function = inner.function
+        if function is None or depth >= MAX_CALLERS:
+            return []
+        out: list[Loop] = []
+        for site in self.facts.call_sites(function):
+            if site.loops:
+                out.append(site.loops[0])
+                continue
+            for loop in self.facts.loops:
+                if loop.function is site.function and loop.order < site.order < loop.end_order:
+                    out.append(loop)
+                    break
+            else:
+                out.extend(self._epoch_loops_of_call(site, depth + 1))
+        return out
+
+    def _epoch_loops_of_call(self, site: Call, depth: int) -> list[Loop]:
+        function = site.function
+        if function is None or depth >= MAX_CALLERS:
+            return []
+        out: list[Loop] = []
+        for caller in self.facts.call_sites(function):
+            if caller.loops:
+                out.append(caller.loops[0])
+            else:
+                out.extend(self._epoch_loops_of_call(caller, depth + 1))
+        return out
+
+    def _sets_epoch(self, call: Call, sampler: Call, fed: list[Call]) -> bool:
+        """`set_epoch` on the sampler or on an object holding it: `sampler.set_epoch(epoch)`,
+        `self.train_sampler.set_epoch(epoch)`, `train_loader.sampler.set_epoch(epoch)`."""
+        receiver = call.receiver
+        if receiver is None:
+            return False
+        if sampler in self.facts.origin_calls(receiver, call.order, call.function):
+            return True
+        if isinstance(receiver, cst.Attribute) and receiver.attr.value in ("sampler", "batch_sampler"):
+            holders = self.facts.origin_calls(receiver.value, call.order, call.function)
+            if any(h in fed for h in holders):
+                return True
+        return False
+
+    def _unresolved(self, call: Call) -> bool:
+        """A set_epoch whose receiver we cannot follow to any call: it may well be this sampler."""
+        receiver: Optional[cst.BaseExpression] = call.receiver
+        if receiver is None:
+            return False
+        if isinstance(receiver, cst.Attribute) and receiver.attr.value in ("sampler", "batch_sampler"):
+            receiver = receiver.value
+        return not self.facts.origin_calls(receiver, call.order, call.function)
