@@ -732,12 +732,14 @@ def runs_in_module(facts: "ModuleFacts", function: Optional["Function"], depth: 
 
     if function is None or function.klass is not None or depth > 4:
         return True
+    if isinstance(function.node, cst.FunctionDef) and function.node.decorators:
+        return True  # registered with a framework (`@hydra.main`, `@record`, a CLI command)
     sites = facts.call_sites(function)
     if any(runs_in_module(facts, site.function, depth + 1) for site in sites):
         return True
     for call in facts.calls:
         for arg in call.args:
-            if dotted_name(arg.value) == function.name and call.node.func is not arg.value:
+            if dotted_name(arg.value) == function.name:
                 return True
     return False
 

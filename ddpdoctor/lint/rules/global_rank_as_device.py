@@ -1,0 +1,74 @@
+"""DDP004 global-rank-as-device: the global rank used as a CUDA device index."""
+
+from __future__ import annotations
+
+import libcst as cst
+
+from ddpdoctor.lint import vocab
+from ddpdoctor.lint.rules.base import Rule
+
+# Device arguments that move data rather than choose the process's device.
+MOVES = frozenset({".to()", ".cuda()", "device=", "map_location="})
+
+
+class GlobalRankAsDevice(Rule):
+    """
+    Valid:
+        local_rank = int(os.environ["LOCAL_RANK"])
+        torch.cuda.set_device(local_rank)
+        model = DDP(model.cuda(), device_ids=[local_rank])
+    Invalid:
+        rank = int(os.environ["RANK"])
+        torch.cuda.set_device(rank)
+        model = DDP(model.cuda(), device_ids=[rank])
+    """
+
+    code = "DDP004"
+    # Every global-rank source the vocabulary knows spells one of these.
+    trigger_words = ("get_rank", "RANK", "rank()", "SLURM_PROCID", "process_index", "global_rank", "world_rank")
+
+    def check(self) -> None:
+        facts = self.facts
+        reported: set[int] = set()
+        for argument in vocab.device_arguments(facts):
+            call = argument.call
+            indices = vocab.device_indices(facts, argument.expr, call.order, call.function, argument.ints)
+            computed = [i for i in indices if i.kind == "expr"]
+            if not computed:
+                continue
+            # Each call that selects a device from the rank itself is reported (`set_device(rank)`,
+            # `device_ids=[rank]`); a later use of a device object already reported (`.to(device)`,
+            # `set_device(self.device)`) is the same mistake and is not reported again.
+            leaves = {id(value) for value, _, _ in facts.leaf_values(argument.expr, call.order, call.function)}
+            direct = argument.where not in MOVES and any(id(i.node) in leaves for i in computed)
+            if not direct and any(id(i.node) in reported for i in computed):
+                continue
+            # Every computed value must trace to the global rank: a value that may also be the
+            # local rank, the spawn index or something unknown is not reported.
+            kinds = {vocab.rank_source(facts, i.node, i.order, i.function) for i in computed}
+            if kinds != {"global"}:
+                continue
+            reported.update(id(i.node) for i in computed)
+            source = self.origin(computed[0])
+            shown = facts.code_of(source)
+            if len(shown) > 40:
+                shown = shown[:37] + "..."
+            origin = ""
+            if self.line(source) != self.line(argument.expr):
+                origin = f" (line {self.line(source)})"
+            self.report(
+                argument.expr,
+                f"{argument.where} uses the global rank `{shown}`{origin} as a CUDA device index: it only "
+                f"matches the GPU on the first node; on the next node ranks start past its GPU count "
+                f"(invalid device ordinal). Use the local rank: int(os.environ[\"LOCAL_RANK\"]), "
+                f"hvd.local_rank() or rank % torch.cuda.device_count().",
+            )
+
+    def origin(self, index: vocab.DeviceIndex) -> cst.BaseExpression:
+        """Where the global rank is read (`int(os.environ["RANK"])`, `dist.get_rank()`), for the
+        message; the index expression itself when that is already the source."""
+        facts = self.facts
+        for value, order, function in facts.leaf_values(index.node, index.order, index.function):
+            if value is not index.node and vocab.rank_source(facts, value, order, function) == "global":
+                return value
+        return index.node

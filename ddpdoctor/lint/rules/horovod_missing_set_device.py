@@ -1,0 +1,70 @@
+"""HVD003 horovod-missing-set-device: a Horovod job that uses CUDA without pinning its GPU."""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import libcst as cst
+
+from ddpdoctor.lint import vocab
+from ddpdoctor.lint.facts import Call
+from ddpdoctor.lint.rules.base import Rule
+
+HOROVOD_TORCH_INIT = "horovod.torch.init"
+
+
+class HorovodMissingSetDevice(Rule):
+    """
+    Valid:
+        hvd.init()
+        torch.cuda.set_device(hvd.local_rank())
+        model.cuda()
+    Invalid:
+        hvd.init()
+        model.cuda()
+    """
+
+    code = "HVD003"
+    trigger_words = ("horovod",)
+
+    def check(self) -> None:
+        facts = self.facts
+        inits = [
+            call for call in facts.calls_named(HOROVOD_TORCH_INIT)
+            if vocab.runs_in_module(facts, call.function) and not vocab.in_test_case(call)
+        ]
+        if not inits:
+            return
+        use = self.first_cuda_use()
+        if use is None:
+            return  # a CPU-only Horovod job has nothing to pin
+        if vocab.device_pin_calls(facts) or vocab.visible_devices_writes(facts):
+            return
+        self.report(
+            inits[0].node,
+            f"Horovod job uses CUDA (line {self.line(use)}) but never pins its GPU: every process on a "
+            f"node runs on GPU 0 (out of memory, or NCCL's \"Duplicate GPU detected\" error). Call "
+            f"torch.cuda.set_device(hvd.local_rank()) right after hvd.init().",
+        )
+
+    def first_cuda_use(self) -> Optional[cst.CSTNode]:
+        """The first place the script puts work on the *current* GPU: `.cuda()` without an index, or
+        a device argument that is plain "cuda" (`.to("cuda")`, `torch.device("cuda")`,
+        `device="cuda"`). An explicit index (`.cuda(hvd.local_rank())`) does not depend on pinning."""
+        facts = self.facts
+        uses: list[Call] = []
+        for call in facts.method_calls("cuda"):
+            # `model.cuda()`, not a function of the torch.cuda module
+            if call.name is None and call.arg(0, "device") is None:
+                uses.append(call)
+        for argument in vocab.device_arguments(facts):
+            call = argument.call
+            if argument.where == "torch.device()" and call.arg(1, "index") is not None:
+                continue
+            for value, _, _ in facts.leaf_values(argument.expr, call.order, call.function):
+                if isinstance(value, cst.SimpleString) and value.evaluated_value == "cuda":
+                    uses.append(call)
+                    break
+        if not uses:
+            return None
+        return min(uses, key=lambda c: c.order).node

@@ -1,0 +1,82 @@
+"""DDP011 missing-set-device: an NCCL process group in a script that never pins its GPU."""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import libcst as cst
+
+from ddpdoctor.lint import vocab
+from ddpdoctor.lint.facts import UNKNOWN, Call, dotted_name
+from ddpdoctor.lint.rules.base import Rule
+
+
+class MissingSetDevice(Rule):
+    """
+    Valid:
+        local_rank = int(os.environ["LOCAL_RANK"])
+        torch.cuda.set_device(local_rank)
+        dist.init_process_group(backend="nccl")
+    Invalid:
+        local_rank = int(os.environ["LOCAL_RANK"])
+        dist.init_process_group(backend="nccl")
+        model = DDP(model.to(f"cuda:{local_rank}"), device_ids=[local_rank])
+    """
+
+    code = "DDP011"
+    trigger_words = ("nccl", "NCCL")
+
+    def check(self) -> None:
+        facts = self.facts
+        # An init in a helper this module never calls belongs to a library module (a `utils.setup()`):
+        # the script that calls it may pin the device itself.
+        inits = [
+            call for call in facts.calls_named(vocab.INIT_PROCESS_GROUP)
+            if self.is_nccl(call) and vocab.runs_in_module(facts, call.function) and not vocab.in_test_case(call)
+        ]
+        if not inits:
+            return
+        if vocab.device_pin_calls(facts) or vocab.visible_devices_writes(facts):
+            return
+        for call in inits:
+            self.report(
+                call.node,
+                "NCCL process group initialised but this script never pins its GPU (no "
+                "torch.cuda.set_device, torch.cuda.device or device_id=): whatever does not name a device "
+                "(bare .cuda(), object collectives) lands on GPU 0 in every rank, and barrier() has to "
+                "guess the GPU, which can hang. Call torch.cuda.set_device(local_rank) before "
+                "init_process_group, or pass device_id=torch.device(\"cuda\", local_rank).",
+            )
+
+    def is_nccl(self, call: Call) -> bool:
+        """The backend is NCCL as far as the module can tell; unknown backends are not."""
+        backend = call.arg(0, "backend")
+        if backend is None:
+            return False
+        values = [self.backend_name(leaf) for leaf, _, _ in self.facts.leaf_values(backend, call.order, call.function)]
+        if any(value is None for value in values):
+            # An argparse option or an unknown variable: try its literal value (argparse default).
+            value = self.facts.const_value(backend, call.order, call.function)
+            if value is UNKNOWN:
+                value = self.option_default(backend)
+            return isinstance(value, str) and "nccl" in value.lower()
+        return bool(values) and all("nccl" in value.lower() for value in values if value is not None)
+
+    def option_default(self, expr: cst.BaseExpression) -> object:
+        """The argparse default of `self.args.dist_backend` / `cfg.args.backend`: the namespace
+        reached through an attribute, which `const_value` does not follow."""
+        name = dotted_name(expr)
+        if name is None or name.count(".") < 2:
+            return UNKNOWN
+        default = self.facts.argparse_default("args." + name.rsplit(".", 1)[-1])
+        if default is None:
+            return UNKNOWN
+        return self.facts.const_value(default, 0, None)
+
+    def backend_name(self, expr: cst.BaseExpression) -> Optional[str]:
+        if isinstance(expr, cst.SimpleString):
+            return str(expr.evaluated_value)
+        name = self.facts.qualify(expr)
+        if name is not None and name.startswith("torch.distributed.Backend."):
+            return name.rsplit(".", 1)[-1]
+        return None
