@@ -32,7 +32,7 @@ def test_ci_runs_the_readme_test_command_verbatim() -> None:
 
 def test_the_example_the_readme_lints_exists() -> None:
     main_job = code_blocks()[0]
-    for path in re.findall(r"ddpdoctor lint (\S+)", main_job):
+    for path in re.findall(r"ddpdoctor lint ([\w./-]+)", main_job):
         assert (ROOT / path).is_file(), path
 
 

@@ -1,0 +1,162 @@
+"""AMP002 clip-without-unscale: gradient clipping on GradScaler-scaled gradients."""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import libcst as cst
+
+from ddpdoctor.lint.facts import Call, ModuleFacts, dotted_name, names_in
+from ddpdoctor.lint.rules.base import Rule
+
+CLIPS = (
+    "torch.nn.utils.clip_grad_norm_",
+    "torch.nn.utils.clip_grad_value_",
+    "torch.nn.utils.clip_grad_norm",
+)
+SCALERS = frozenset({"torch.cuda.amp.GradScaler", "torch.amp.GradScaler", "torch.GradScaler",
+                     "torch.amp.grad_scaler.GradScaler"})
+
+
+def scaled_backward_scaler(facts: ModuleFacts, call: Call) -> Optional[str]:
+    """For `scaler.scale(loss).backward()` (or `scaled = scaler.scale(loss); scaled.backward()` with
+    `scaler` a GradScaler) return the scaler as written, else None."""
+    if call.attr != "backward" or call.receiver is None:
+        return None
+    receiver = call.receiver
+    if isinstance(receiver, cst.Call):
+        scale = facts.call_of(receiver)
+        if scale is not None and scale.attr == "scale" and scale.receiver is not None:
+            return dotted_name(scale.receiver) or facts.code_of(scale.receiver)
+        return None
+    for origin in facts.origin_calls(receiver, call.order, call.function):
+        if origin.attr == "scale" and origin.receiver is not None:
+            if facts.origin_names(origin.receiver, origin.order, origin.function) & SCALERS:
+                return dotted_name(origin.receiver) or facts.code_of(origin.receiver)
+    return None
+
+
+def _condition(facts: ModuleFacts, test: cst.BaseExpression, negated: bool) -> tuple[str, bool]:
+    """A branch condition as (text, polarity), with `not x` and `x is None` folded into the
+    polarity of `x` / `x is not None`, so that `if scaler is not None:` and a later
+    `if scaler is None:` are recognised as opposite conditions."""
+    while isinstance(test, cst.UnaryOperation) and isinstance(test.operator, cst.Not):
+        test, negated = test.expression, not negated
+    if isinstance(test, cst.Comparison) and len(test.comparisons) == 1:
+        target = test.comparisons[0]
+        if isinstance(target.operator, cst.Is):
+            return f"{facts.code_of(test.left)} is not {facts.code_of(target.comparator)}", negated
+        if isinstance(target.operator, cst.IsNot):
+            return f"{facts.code_of(test.left)} is not {facts.code_of(target.comparator)}", not negated
+    return facts.code_of(test), not negated
+
+
+def exclusive(facts: ModuleFacts, a: Call, b: Call) -> bool:
+    """True when two calls sit in branches whose conditions cannot both hold: the two sides of
+    one `if`, or `if args.amp:` ... `if not args.amp:` (the flag is not reassigned in between)."""
+    for guard in a.ctx.guards:
+        for other in b.ctx.guards:
+            if guard.test is other.test:
+                if guard.negated != other.negated:
+                    return True
+                continue
+            text, polarity = _condition(facts, guard.test, guard.negated)
+            other_text, other_polarity = _condition(facts, other.test, other.negated)
+            if text == other_text and polarity != other_polarity and _not_reassigned(facts, guard.test, guard.order, other.order):
+                return True
+    return False
+
+
+# Words in a flag that selects the precision mode (`if not args.amp:`, `if use_fp16:`).
+PRECISION_WORDS = ("amp", "fp16", "float16", "half", "scaler", "precision", "bf16", "dtype", "mixed")
+
+
+def precision_dependent(facts: ModuleFacts, clip: Call, backward: Call) -> bool:
+    """The clip sits under a condition the backward does not share that reads a precision flag or the
+    scaler itself, e.g. `if not args.amp: clip(...)` after `if scaler is not None: scaler.scale(...)`:
+    the two may well be exclusive at run time, which we cannot prove, so the rule stays silent."""
+    shared = {id(g.test) for g in backward.ctx.guards}
+    for guard in clip.ctx.guards:
+        if id(guard.test) in shared:
+            continue
+        for name in names_in(guard.test):
+            if any(word in name.rsplit(".", 1)[-1].lower() for word in PRECISION_WORDS):
+                return True
+    return False
+
+
+def _not_reassigned(facts: ModuleFacts, test: cst.BaseExpression, start: int, end: int) -> bool:
+    """No name read by the condition is assigned between the two checks."""
+    low, high = min(start, end), max(start, end)
+    for name in names_in(test):
+        if any(low < a.order < high for a in facts.assignments_to(name)):
+            return False
+    return True
+
+
+class ClipWithoutUnscale(Rule):
+    """
+    Valid:
+        scaler.scale(loss).backward()
+        scaler.unscale_(optimizer)
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        scaler.step(optimizer)
+    Invalid:
+        scaler.scale(loss).backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        scaler.step(optimizer)
+    """
+
+    code = "AMP002"
+    trigger_words = ("clip_grad_",)
+
+    def check(self) -> None:
+        for clip in self.facts.calls_named(*CLIPS):
+            function = clip.function
+            calls = function.calls if function is not None else [c for c in self.facts.calls if c.function is None]
+            backward: Optional[Call] = None
+            scaler: Optional[str] = None
+            for call in calls:
+                if call.order >= clip.order:
+                    break
+                found = scaled_backward_scaler(self.facts, call)
+                if found is not None and not exclusive(self.facts, call, clip):
+                    backward, scaler = call, found
+            if backward is None or precision_dependent(self.facts, clip, backward):
+                continue
+            written = f"{clip.dotted or clip.name}()"
+            if clip.dotted != clip.name and clip.dotted is not None and not clip.name.endswith("." + clip.dotted):
+                written += f" ({clip.name})"
+            between = [c for c in calls if backward.order < c.order < clip.order and not exclusive(self.facts, c, clip)]
+            stepped = [c for c in between if c.attr == "step" and c.receiver is not None
+                       and (dotted_name(c.receiver) or self.facts.code_of(c.receiver)) == scaler]
+            if stepped:
+                # `scaler.step()` unscales on its own, so these gradients are unscaled — but the
+                # update has already been applied with unclipped gradients.
+                self.report(
+                    clip.node,
+                    f"{written} runs after `{scaler}.step(optimizer)` at line {self.line(stepped[0].node)}: "
+                    f"the optimizer already stepped with unclipped gradients, so clipping has no effect on "
+                    f"this update. Call `{scaler}.unscale_(optimizer)` and clip before `{scaler}.step`.",
+                )
+                continue
+            if any(self._unscales(c) for c in between):
+                continue
+            self.report(
+                clip.node,
+                f"{written} clips gradients that are still multiplied by the GradScaler's scale "
+                f"(`{scaler}.scale(loss).backward()` at line {self.line(backward.node)}): the threshold is "
+                f"compared against scaled norms, so clipping is far too aggressive or has no effect. "
+                f"Call `{scaler}.unscale_(optimizer)` before clipping.",
+            )
+
+    def _unscales(self, call: Call, depth: int = 0) -> bool:
+        """`scaler.unscale_(opt)`, or a local helper that calls it."""
+        if call.attr == "unscale_":
+            return True
+        if depth > 2:
+            return False
+        for helper in self.facts.resolve_local_function(call):
+            if any(self._unscales(inner, depth + 1) for inner in helper.calls):
+                return True
+        return False

@@ -1,0 +1,169 @@
+"""DDP009 collective-under-rank-guard: a collective that only some ranks reach hangs the job."""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import libcst as cst
+
+from ddpdoctor.lint import vocab
+from ddpdoctor.lint.facts import Call, Guard, ModuleFacts
+from ddpdoctor.lint.rules.base import Rule
+
+# Every rank of the (default) group must enter these; send/recv/isend/irecv are point-to-point
+# and rank-specific by design, so they are not here.
+TORCH_COLLECTIVES = frozenset(
+    {
+        "barrier", "monitored_barrier", "all_reduce", "all_reduce_coalesced", "broadcast", "all_gather",
+        "all_gather_into_tensor", "all_gather_coalesced", "reduce", "gather", "scatter", "reduce_scatter",
+        "reduce_scatter_tensor", "all_to_all", "all_to_all_single", "all_gather_object", "gather_object",
+        "scatter_object_list", "broadcast_object_list", "new_group", "new_subgroups",
+    }
+)
+HOROVOD_COLLECTIVES = frozenset(
+    {
+        "allreduce", "allreduce_", "allreduce_async", "allreduce_async_", "grouped_allreduce",
+        "grouped_allreduce_", "grouped_allreduce_async", "grouped_allreduce_async_", "broadcast",
+        "broadcast_", "broadcast_async", "broadcast_async_", "allgather", "allgather_async",
+        "grouped_allgather", "allgather_object", "broadcast_object", "broadcast_parameters",
+        "broadcast_optimizer_state", "alltoall", "alltoall_async", "reducescatter", "reducescatter_async",
+        "grouped_reducescatter", "join", "barrier",
+    }
+)
+HOROVOD_MODULES = ("horovod.torch", "horovod.tensorflow", "horovod.keras", "horovod.tensorflow.keras")
+# Creating a group is collective over the whole world even for ranks not in it.
+GROUP_CREATION = frozenset({"new_group", "new_subgroups"})
+
+COMPLEMENT = {"rank0": "nonzero", "nonzero": "rank0"}
+DESCRIBE = {"rank0": "the main process", "nonzero": "the non-main ranks", "subset": "some of the ranks"}
+
+
+def collective_name(call: Call) -> Optional[str]:
+    """`torch.distributed.barrier` / `horovod.torch.allreduce` for a collective call, else None."""
+    name = call.name
+    if name is None:
+        return None
+    module, _, attr = name.rpartition(".")
+    if module == "torch.distributed" and attr in TORCH_COLLECTIVES:
+        return name
+    if module in HOROVOD_MODULES and attr in HOROVOD_COLLECTIVES:
+        return name
+    return None
+
+
+# Where torch.distributed collectives take `group` positionally (`dist.all_reduce(t, op, group)`).
+GROUP_POSITION = {
+    "barrier": 0, "monitored_barrier": 0, "all_reduce": 2, "broadcast": 2, "all_gather": 2,
+    "all_gather_into_tensor": 2, "reduce": 3, "gather": 3, "scatter": 3, "reduce_scatter": 3,
+    "reduce_scatter_tensor": 3, "all_to_all": 2, "all_to_all_single": 4, "all_gather_object": 2,
+    "gather_object": 3, "scatter_object_list": 3, "broadcast_object_list": 2,
+}
+
+
+def on_subgroup(facts: ModuleFacts, call: Call) -> bool:
+    """A collective over an explicit process group / process set: rank-guarding it to the group's
+    members is how subgroups are used, so such calls are left alone."""
+    if call.name is not None and call.name.rpartition(".")[2] in GROUP_CREATION:
+        return False
+    attr = (call.name or "").rpartition(".")[2]
+    position = GROUP_POSITION.get(attr) if (call.name or "").startswith("torch.distributed.") else None
+    for keyword in ("group", "process_group", "process_set"):
+        value = call.arg(position if keyword == "group" else None, keyword)
+        if value is None:
+            continue
+        if isinstance(value, cst.Name) and value.value == "None":
+            continue
+        if (facts.qualify(value) or "") in ("torch.distributed.group.WORLD", "horovod.torch.global_process_set"):
+            continue
+        return True
+    return False
+
+
+def _same_collective(name: str, other: str) -> bool:
+    """Two calls that complete each other. Horovod's `hvd.join()` takes part in whatever collectives
+    the other ranks still run (the uneven-data protocol: `if out_of_data: hvd.join() else:
+    hvd.allreduce(...)`), so it pairs with any Horovod collective."""
+    if name == other:
+        return True
+    module, _, attr = name.rpartition(".")
+    other_module, _, other_attr = other.rpartition(".")
+    return module in HOROVOD_MODULES and other_module in HOROVOD_MODULES and "join" in (attr, other_attr)
+
+
+class CollectiveUnderRankGuard(Rule):
+    """
+    Valid:
+        if dist.get_rank() == 0:
+            print(f"epoch {epoch} done")
+        dist.barrier()
+    Invalid:
+        if dist.get_rank() == 0:
+            torch.save(model.state_dict(), "ckpt.pt")
+            dist.barrier()
+    """
+
+    code = "DDP009"
+    trigger_words = ("distributed", "horovod")
+
+    def check(self) -> None:
+        guarded: list[tuple[Call, str, str]] = []
+        for call in self.facts.calls:
+            name = collective_name(call)
+            if name is None or on_subgroup(self.facts, call):
+                continue
+            kind = self.facts.rank_guard_kind(call)
+            if kind is not None:
+                guarded.append((call, name, kind))
+        for call, name, kind in guarded:
+            if self._matched(call, name, kind, guarded):
+                continue
+            guard_line, via = self._where_guarded(call)
+            written = f"{call.dotted or name}()"
+            if call.dotted is not None and not name.endswith("." + call.dotted.rpartition(".")[2]):
+                written += f" ({name})"  # an alias: say what it is
+            advice = "Call it outside the rank-specific branch."
+            if name.rpartition(".")[2] in GROUP_CREATION:
+                advice = "Every rank must create the group, members or not: call it outside the rank-specific branch."
+            where = f" (guarded at line {guard_line}{via})" if guard_line is not None else ""
+            self.report(
+                call.node,
+                f"{written} is a collective that every rank must call, but it is only reached by {DESCRIBE[kind]}"
+                f"{where}: the other ranks never enter it and the job hangs until the timeout. "
+                f"{advice}",
+            )
+
+    def _matched(self, call: Call, name: str, kind: str, guarded: list[tuple[Call, str, str]]) -> bool:
+        """The same collective reached on the other side of a complementary guard: the torchvision /
+        Hugging Face "let rank 0 download first" pairing (`if rank != 0: barrier()` ... `if rank == 0:
+        barrier()`), or `if rank == 0: broadcast(x) else: broadcast(y)`. Every rank then calls it."""
+        for other, other_name, other_kind in guarded:
+            if other is call or not _same_collective(name, other_name):
+                continue
+            if kind == "subset" or other_kind == "subset":
+                # `if rank == 1: ... else: ...` and similar: one side each; undecidable, stay silent.
+                return True
+            if COMPLEMENT[kind] == other_kind:
+                return True
+        return False
+
+    def _where_guarded(self, call: Call, depth: int = 0) -> tuple[Optional[int], str]:
+        """The line of the rank check that guards `call`, and ", via the call at line N" when the
+        check sits around a call site of the helper that contains it."""
+        guard = self._rank_guard(call)
+        if guard is not None:
+            return self.line(guard.test), ""
+        function = call.function
+        if function is None or depth > 3:
+            return None, ""
+        for site in self.facts.call_sites(function):
+            line, _ = self._where_guarded(site, depth + 1)
+            if line is not None:
+                return line, f", around the call to {function.name}() at line {self.line(site.node)}"
+        return None, ""
+
+    def _rank_guard(self, call: Call) -> Optional[Guard]:
+        for guard in reversed(call.ctx.guards):
+            if vocab.classify_rank_test(self.facts, guard.test, guard.order, guard.function, guard.negated):
+                return guard
+        return None
+

@@ -1,0 +1,115 @@
+"""HVD002 horovod-broadcast-order: Horovod ranks that never receive rank 0's initial state."""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import libcst as cst
+
+from ddpdoctor.lint.facts import Assignment, Call, ModuleFacts, dotted_name
+from ddpdoctor.lint.rules.base import Rule
+
+HVD = "horovod.torch"
+INIT = f"{HVD}.init"
+DISTRIBUTED_OPTIMIZER = f"{HVD}.DistributedOptimizer"
+BROADCAST_PARAMETERS = f"{HVD}.broadcast_parameters"
+BROADCAST_OPTIMIZER_STATE = f"{HVD}.broadcast_optimizer_state"
+# Other ways a script hands rank 0's weights to everyone: a broadcast of the state dict or the
+# parameters themselves, or Horovod Elastic's state object, which broadcasts on every (re)start.
+OTHER_BROADCASTS = frozenset(
+    f"{HVD}.{name}" for name in ("broadcast", "broadcast_", "broadcast_async", "broadcast_async_", "broadcast_object")
+)
+ELASTIC_PREFIX = f"{HVD}.elastic."
+MODEL_WORDS = ("state_dict", "parameters", "named_parameters", "model", "net", "params")
+
+
+def first_scope_assignments(facts: ModuleFacts, target: str, call: Call) -> Optional[list[Assignment]]:
+    """The assignments to `target` in the scope `call` runs in (its function, or its class's
+    methods for `self.x`), or None when other scopes could provide the value."""
+    candidates = facts.assignments_to(target)
+    if target.startswith("self."):
+        function = call.function
+        if function is None or function.klass is None:
+            return None
+        in_class = [a for a in candidates if a.function is not None and a.function.klass == function.klass]
+        if any(a.function is not function for a in in_class):
+            return None  # another method may have set it before this one runs
+        return in_class
+    if "." in target:
+        return None
+    local = [a for a in candidates if a.function is call.function]
+    if call.function is not None and len(local) != len(candidates):
+        return None  # also a global/closure variable somewhere else: undecidable
+    return local
+
+
+class HorovodBroadcastOrder(Rule):
+    """
+    Valid:
+        optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters())
+        hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+        hvd.broadcast_optimizer_state(optimizer, root_rank=0)
+    Invalid:
+        optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters())
+        hvd.broadcast_optimizer_state(optimizer, root_rank=0)
+    """
+
+    code = "HVD002"
+    trigger_words = ("broadcast_optimizer_state", "DistributedOptimizer")
+
+    def check(self) -> None:
+        for call in self.facts.calls_named(BROADCAST_OPTIMIZER_STATE):
+            self._check_optimizer_exists(call)
+        self._check_parameters_broadcast()
+
+    def _check_optimizer_exists(self, call: Call) -> None:
+        optimizer = call.arg(0, "optimizer")
+        target = dotted_name(optimizer)
+        if target is None:
+            return
+        assignments = first_scope_assignments(self.facts, target, call)
+        if not assignments or any(a.order < call.order for a in assignments):
+            return
+        first = min(assignments, key=lambda a: a.order)
+        self.report(
+            call.node,
+            f"hvd.broadcast_optimizer_state({target}) runs before `{target}` is created at line "
+            f"{self.line(first.node)}: there is no optimizer state to broadcast yet. Broadcast after "
+            f"building the optimizer (and after restoring a checkpoint).",
+        )
+
+    def _check_parameters_broadcast(self) -> None:
+        if not self.facts.calls_named(INIT):
+            return
+        wrappers = self.facts.calls_named(DISTRIBUTED_OPTIMIZER)
+        if not wrappers:
+            return
+        if self.facts.calls_named(BROADCAST_PARAMETERS):
+            return
+        for call in self.facts.calls:
+            if call.name and call.name.startswith(ELASTIC_PREFIX):
+                return
+        for call in self.facts.calls_named(*OTHER_BROADCASTS):
+            argument = call.arg(0, "tensor") or call.arg(0, "obj")
+            if argument is not None and _mentions_model(argument):
+                return
+        wrapper = wrappers[0]
+        self.report(
+            wrapper.node,
+            "This Horovod script never calls hvd.broadcast_parameters: each rank starts from its own "
+            "randomly initialised (or separately restored) weights, and the averaged gradients then "
+            "train replicas that disagree. Call hvd.broadcast_parameters(model.state_dict(), root_rank=0) "
+            "after building the model (and hvd.broadcast_optimizer_state for the optimizer).",
+        )
+
+
+def _mentions_model(node: cst.CSTNode) -> bool:
+    stack: list[cst.CSTNode] = [node]
+    while stack:
+        current = stack.pop()
+        if isinstance(current, cst.Name) and current.value in MODEL_WORDS:
+            return True
+        if isinstance(current, cst.Attribute) and current.attr.value in MODEL_WORDS:
+            return True
+        stack.extend(current.children)
+    return False
