@@ -341,3 +341,53 @@ def test_linting_never_imports_torch_or_runs_the_script(project: Path) -> None:
     result = subprocess.run([sys.executable, "-c", code], cwd=project, capture_output=True, text=True, timeout=120)
     assert result.returncode == 1, result.stderr
     assert not (project / "PWNED").exists()
+
+
+# ----------------------------------------------------------------------------------- --fix/--diff
+
+AMP_SOURCE = """\
+import torch
+
+
+def train(model, loader, optimizer, criterion):
+    scaler = torch.cuda.amp.GradScaler()
+    for images, target in loader:
+        with torch.cuda.amp.autocast():
+            loss = criterion(model(images), target)
+        scaler.scale(loss).backward()
+        scaler.step(optimizer)
+        scaler.update()
+"""
+
+
+def test_fix_rewrites_atomically_and_a_second_run_changes_nothing(tmp_path: Path) -> None:
+    target = tmp_path / "amp.py"
+    target.write_bytes(AMP_SOURCE.replace("\n", "\r\n").encode())
+    target.chmod(0o640)
+    result = run(["lint", "--select", "AMP001", "--fix", "amp.py"], tmp_path)
+    assert result.exit_code == 0, result.output
+    fixed = target.read_bytes().decode()
+    assert 'torch.amp.GradScaler("cuda")' in fixed and 'torch.autocast("cuda")' in fixed
+    assert "\r\n" in fixed and "\n" not in fixed.replace("\r\n", "")  # line endings kept
+    assert (target.stat().st_mode & 0o777) == 0o640
+    assert sorted(p.name for p in tmp_path.iterdir() if not p.name.startswith(".ddpdoctor_cache")) == ["amp.py"]
+    again = run(["lint", "--select", "AMP001", "--fix", "amp.py"], tmp_path)
+    assert again.exit_code == 0
+    assert target.read_bytes().decode() == fixed
+
+
+def test_diff_shows_the_fix_and_writes_nothing(tmp_path: Path) -> None:
+    target = tmp_path / "amp.py"
+    target.write_text(AMP_SOURCE)
+    result = run(["lint", "--select", "AMP001", "--diff", "amp.py"], tmp_path)
+    assert result.exit_code == 1
+    assert "-    scaler = torch.cuda.amp.GradScaler()" in result.output
+    assert '+    scaler = torch.amp.GradScaler("cuda")' in result.output
+    assert target.read_text() == AMP_SOURCE
+
+
+def test_fix_on_stdin_prints_the_fixed_source(tmp_path: Path) -> None:
+    result = run(["lint", "--select", "AMP001", "--fix", "-"], tmp_path, stdin=AMP_SOURCE.encode())
+    assert result.exit_code == 0
+    assert 'torch.autocast("cuda")' in result.output
+    assert "torch.cuda.amp" not in result.output
