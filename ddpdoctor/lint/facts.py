@@ -26,7 +26,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 from dataclasses import dataclass, field
-from typing import Iterable, Iterator, Optional, Sequence, Union
+from typing import Callable, Iterable, Iterator, Optional, Sequence, TypeVar, Union
 
 import libcst as cst
 from libcst.metadata import CodeRange, MetadataWrapper, PositionProvider
@@ -61,6 +61,11 @@ PASS_THROUGH_METHODS = frozenset(
 
 # How deep value-following goes before it gives up (and the rule stays silent).
 MAX_DEPTH = 6
+# How many distinct value-following questions one module may ask before every further one
+# answers "unknown": a hard ceiling on analysis time for pathological files.
+STEP_BUDGET = 200_000
+_IN_PROGRESS = object()
+T = TypeVar("T")
 
 # Callables whose for-loop iterates their (first) argument: `for i, batch in enumerate(loader)`,
 # `metric_logger.log_every(loader, print_freq, header)` (torchvision / DETR / MAE references).
@@ -547,6 +552,10 @@ class ModuleFacts:
         self._callees: Optional[dict[int, list[Function]]] = None
         self._value_sites: Optional[dict[int, tuple[int, Optional[Function]]]] = None
         self._argparse: Optional[dict[str, list[Expr]]] = None
+        # Memo for the value-following queries. Recursive helpers otherwise make them exponential
+        # (a parameter followed through every call site at every level), and a cycle would never end.
+        self._memo: dict[tuple[object, ...], object] = {}
+        self._steps = 0
 
     @classmethod
     def build(cls, module: cst.Module, path: str = "<string>", world_size: Optional[int] = None) -> "ModuleFacts":
@@ -704,7 +713,33 @@ class ModuleFacts:
                 out.append(value)
         return out
 
+    def memoized(self, key: tuple[object, ...], compute: "Callable[[], T]", unknown: "T") -> "T":
+        """Run a value-following query once per key. A query that re-enters itself (a cycle) or
+        runs past the module's step budget answers `unknown`, which makes the rules stay silent."""
+        memo = self._memo
+        if key in memo:
+            value = memo[key]
+            return unknown if value is _IN_PROGRESS else value  # type: ignore[return-value]
+        self._steps += 1
+        if self._steps > STEP_BUDGET:
+            return unknown
+        memo[key] = _IN_PROGRESS
+        try:
+            result = compute()
+        except RecursionError:
+            result = unknown
+        memo[key] = result
+        return result
+
     def origin_calls(self, expr: Optional[Expr], order: int, function: Optional[Function], depth: int = 0) -> list[Call]:
+        """The calls that may have produced the value of `expr`, following variables, helpers,
+        conditional expressions and pass-through methods such as `.cuda()` and `.to(device)`."""
+        if expr is None or depth > MAX_DEPTH:
+            return []
+        key = ("origin", id(expr), order, id(function))
+        return list(self.memoized(key, lambda: self._origin_calls(expr, order, function, depth), []))
+
+    def _origin_calls(self, expr: Optional[Expr], order: int, function: Optional[Function], depth: int = 0) -> list[Call]:
         """The calls that may have produced the value of `expr`, following variables, helpers,
         conditional expressions and pass-through methods such as `.cuda()` and `.to(device)`."""
         if expr is None or depth > MAX_DEPTH:
@@ -763,6 +798,16 @@ class ModuleFacts:
         return order, function
 
     def leaf_values(
+        self, expr: Optional[Expr], order: int, function: Optional[Function], depth: int = 0
+    ) -> list[tuple[Expr, int, Optional[Function]]]:
+        if expr is None:
+            return []
+        key = ("leaf", id(expr), order, id(function))
+        return list(
+            self.memoized(key, lambda: self._leaf_values(expr, order, function, depth), [(expr, order, function)])
+        )
+
+    def _leaf_values(
         self, expr: Optional[Expr], order: int, function: Optional[Function], depth: int = 0
     ) -> list[tuple[Expr, int, Optional[Function]]]:
         """Every expression a value may finally be, each with the order and function it is evaluated in.
@@ -831,6 +876,12 @@ class ModuleFacts:
         return {c.name for c in self.origin_calls(expr, order, function) if c.name}
 
     def const_value(self, expr: Optional[Expr], order: int, function: Optional[Function], depth: int = 0) -> object:
+        if expr is None or depth > MAX_DEPTH:
+            return UNKNOWN
+        key = ("const", id(expr), order, id(function))
+        return self.memoized(key, lambda: self._const_value(expr, order, function, depth), UNKNOWN)
+
+    def _const_value(self, expr: Optional[Expr], order: int, function: Optional[Function], depth: int = 0) -> object:
         """A literal value (int, float, str, bool, None) through variables and argparse defaults,
         or `UNKNOWN` when it cannot be decided. Rules stay silent on UNKNOWN."""
         if expr is None or depth > MAX_DEPTH:

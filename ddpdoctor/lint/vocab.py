@@ -97,6 +97,19 @@ def rank_kind(
     function: Optional["Function"],
     depth: int = 0,
 ) -> Optional[str]:
+    if expr is None:
+        return None
+    key = ("rank_kind", id(expr), order, id(function))
+    return facts.memoized(key, lambda: _rank_kind(facts, expr, order, function, depth), None)
+
+
+def _rank_kind(
+    facts: "ModuleFacts",
+    expr: Optional[cst.BaseExpression],
+    order: int,
+    function: Optional["Function"],
+    depth: int = 0,
+) -> Optional[str]:
     """"global" for a global rank, "local" for a local rank (or a rank reduced modulo the GPU
     count), "spawn" for the process index `mp.spawn` passes as a worker's first parameter,
     else None. Follows variables a few levels deep."""
@@ -620,6 +633,19 @@ def rank_source(
     function: Optional["Function"],
     depth: int = 0,
 ) -> Optional[str]:
+    if expr is None:
+        return None
+    key = ("rank_source", id(expr), order, id(function))
+    return facts.memoized(key, lambda: _rank_source(facts, expr, order, function, depth), None)
+
+
+def _rank_source(
+    facts: "ModuleFacts",
+    expr: Optional[cst.BaseExpression],
+    order: int,
+    function: Optional["Function"],
+    depth: int = 0,
+) -> Optional[str]:
     """Like `rank_kind`, but only from where the value comes from, never from what a variable is
     called: "global" for RANK / `dist.get_rank()` / `hvd.rank()` / a `get_rank()` helper, "local"
     for LOCAL_RANK / `hvd.local_rank()` / a rank modulo the GPU count, "spawn" for the `mp.spawn`
@@ -742,6 +768,22 @@ def runs_in_module(facts: "ModuleFacts", function: Optional["Function"], depth: 
             if dotted_name(arg.value) == function.name:
                 return True
     return False
+
+
+TEST_HARNESS_MODULES = ("unittest", "pytest", "torch.testing._internal", "horovod.common.util")
+
+
+def is_test_module(facts: "ModuleFacts") -> bool:
+    """True for a test suite rather than a training script: a file named like a test
+    (`test_*.py`, `*_test.py`, `*_tests.py`, `conftest.py`) or one built on a test harness
+    (unittest, pytest, torch's internal distributed test fixtures). Tests pin devices, ranks and
+    learning rates per test case on purpose; rules about those choices stay silent there."""
+    import os.path
+
+    name = os.path.basename(facts.path)
+    if name.startswith("test_") or name.endswith(("_test.py", "_tests.py")) or name == "conftest.py":
+        return True
+    return any(facts.uses_module(module) for module in TEST_HARNESS_MODULES)
 
 
 def in_test_case(call: "Call") -> bool:

@@ -37,6 +37,8 @@ class HardcodedRank(Rule):
     trigger_words = ("init_process_group", "DistributedDataParallel", "horovod", "spawn", "start_processes")
 
     def check(self) -> None:
+        if vocab.is_test_module(self.facts):
+            return  # test suites choose devices, ranks and learning rates per test on purpose
         evidence = vocab.multiprocess_evidence(self.facts)
         if evidence is None:
             return
@@ -54,6 +56,9 @@ class HardcodedRank(Rule):
             rank_expr = call.arg(4, "rank")
             if rank_expr is None or self.runs_on_one_process(call) or facts.rank_guard_kind(call) == "rank0":
                 continue  # `if is_master: init_process_group(..., rank=0)` is right
+            backend = facts.const_value(call.arg(0, "backend"), call.order, call.function)
+            if isinstance(backend, str) and backend.lower() == "fake":
+                continue  # torch's FakeProcessGroup: one process simulates the whole world by design
             ranks: set[int] = set()
             for value, _, _ in facts.leaf_values(rank_expr, call.order, call.function):
                 if not isinstance(value, cst.Integer):

@@ -8,6 +8,7 @@ from typing import Optional
 import libcst as cst
 
 from ddpdoctor.lint.facts import MAX_DEPTH, Call, Function, ModuleFacts, dotted_name
+from ddpdoctor.lint import vocab
 from ddpdoctor.lint.rules.base import Rule
 
 HVD_MODULES = ("horovod.torch",)
@@ -60,6 +61,8 @@ class HorovodLrNotScaled(Rule):
     trigger_words = ("DistributedOptimizer",)
 
     def check(self) -> None:
+        if vocab.is_test_module(self.facts):
+            return  # test suites choose devices, ranks and learning rates per test on purpose
         wrappers = self.facts.calls_named(*DISTRIBUTED_OPTIMIZER)
         if not wrappers or self._scaled_later():
             return
