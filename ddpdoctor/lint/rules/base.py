@@ -23,6 +23,8 @@ class Rule:
     # Cheap pre-filter: the rule can only fire on a file that mentions one of these words.
     # The engine skips parsing files that mention none of any selected rule's words.
     trigger_words: ClassVar[tuple[str, ...]] = ()
+    # And, for rules that only apply to a multi-process script, one of these must appear too.
+    context_words: ClassVar[tuple[str, ...]] = ()
 
     def __init__(self, facts: ModuleFacts) -> None:
         self.facts = facts

@@ -103,7 +103,12 @@ class CollectiveUnderRankGuard(Rule):
     """
 
     code = "DDP009"
-    trigger_words = ("distributed", "horovod")
+    # Some collective's name, in a file that uses torch.distributed or Horovod at all.
+    trigger_words = (
+        "barrier", "reduce", "broadcast", "gather", "scatter", "all_to_all", "alltoall", "new_group",
+        "new_subgroups", "join(",
+    )
+    context_words = ("distributed", "horovod")
 
     def check(self) -> None:
         guarded: list[tuple[Call, str, str]] = []

@@ -37,6 +37,7 @@ class ForwardBypassesDDP(Rule):
 
     code = "DDP010"
     trigger_words = (".module(", ".module.forward(")
+    context_words = ("DistributedDataParallel",)
 
     def check(self) -> None:
         if not self.facts.calls_named(DDP):

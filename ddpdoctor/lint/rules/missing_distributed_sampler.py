@@ -38,6 +38,7 @@ class MissingDistributedSampler(Rule):
 
     code = "DDP006"
     trigger_words = ("DataLoader",)
+    context_words = ("init_process_group", "DistributedDataParallel", "horovod")
 
     def check(self) -> None:
         starts = self.facts.calls_named(*DISTRIBUTED_STARTS)

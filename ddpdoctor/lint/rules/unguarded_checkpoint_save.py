@@ -155,6 +155,7 @@ class UnguardedCheckpointSave(Rule):
 
     code = "DDP008"
     trigger_words = (".save(", "import save")
+    context_words = ("init_process_group", "DistributedDataParallel", "horovod")
 
     def check(self) -> None:
         saves = self.facts.calls_named(SAVE)

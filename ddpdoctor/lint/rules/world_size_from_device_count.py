@@ -38,6 +38,7 @@ class WorldSizeFromDeviceCount(Rule):
 
     code = "DDP005"
     trigger_words = ("device_count",)
+    context_words = ("init_process_group",)
 
     def check(self) -> None:
         facts = self.facts
