@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Optional
+from typing import TYPE_CHECKING, Callable, Optional
 
 import libcst as cst
 
@@ -97,31 +97,50 @@ def rank_kind(
     function: Optional["Function"],
     depth: int = 0,
 ) -> Optional[str]:
+    """"global" for a global rank, "local" for a local rank (or a rank reduced modulo the GPU
+    count), "spawn" for the process index `mp.spawn` passes as a worker's first parameter, else
+    None. Follows variables; when it cannot, trusts what a variable is called (`args.local_rank`,
+    `self.rank`) — right for recognising rank tests such as `if args.rank == 0:`."""
     if expr is None:
         return None
     key = ("rank_kind", id(expr), order, id(function))
-    return facts.memoized(key, lambda: _rank_kind(facts, expr, order, function, depth), None)
+    return facts.memoized(key, lambda: _rank(facts, expr, order, function, depth, trust_names=True), None)
 
 
-def _rank_kind(
+def rank_source(
     facts: "ModuleFacts",
     expr: Optional[cst.BaseExpression],
     order: int,
     function: Optional["Function"],
     depth: int = 0,
 ) -> Optional[str]:
-    """"global" for a global rank, "local" for a local rank (or a rank reduced modulo the GPU
-    count), "spawn" for the process index `mp.spawn` passes as a worker's first parameter,
-    else None. Follows variables a few levels deep."""
+    """Like `rank_kind`, but only from where the value comes from, never from what a variable is
+    called, and only when every source agrees. For rules that must not guess (device indices)."""
+    if expr is None:
+        return None
+    key = ("rank_source", id(expr), order, id(function))
+    return facts.memoized(key, lambda: _rank(facts, expr, order, function, depth, trust_names=False), None)
+
+
+def _rank(
+    facts: "ModuleFacts",
+    expr: cst.BaseExpression,
+    order: int,
+    function: Optional["Function"],
+    depth: int,
+    trust_names: bool,
+) -> Optional[str]:
     from ddpdoctor.lint.facts import MAX_DEPTH, dotted_name
 
-    if expr is None or depth > MAX_DEPTH:
+    if depth > MAX_DEPTH:
         return None
+    recurse = rank_kind if trust_names else rank_source
     if isinstance(expr, cst.BinaryOperation) and isinstance(expr.operator, cst.Modulo):
-        if rank_kind(facts, expr.left, order, function, depth + 1) is not None:
-            return "local"
-        return None
+        # `rank % torch.cuda.device_count()`: whatever the rank was, the result is a local index.
+        return "local" if rank_kind(facts, expr.left, order, function, depth + 1) is not None else None
     key = env_key(facts, expr)
+    if key is None:
+        key = _env_copy_key(facts, expr, order, function)
     if key is not None:
         if key in LOCAL_RANK_ENV:
             return "local"
@@ -129,47 +148,69 @@ def _rank_kind(
             return "global"
         return None
     if isinstance(expr, cst.Call):
-        name = facts.qualify(expr.func)
-        if name in GLOBAL_RANK_CALLS:
-            return "global"
-        if name in LOCAL_RANK_CALLS:
-            return "local"
-        dotted = dotted_name(expr.func)
-        if dotted is not None and name is None or (name and not name.startswith(("torch.", "horovod."))):
-            last = _last_segment(dotted or name or "")
-            if last in GLOBAL_RANK_HELPERS:
-                return "global"
-            if last in LOCAL_RANK_HELPERS:
-                return "local"
-        if name in ("int",) or (isinstance(expr.func, cst.Name) and expr.func.value == "int"):
-            if expr.args:
-                return rank_kind(facts, expr.args[0].value, order, function, depth + 1)
-        return None
+        return _rank_of_call(facts, expr, depth, recurse, order, function)
     name = dotted_name(expr)
     if name is None:
         return None
     last = _last_segment(name)
-    # Accelerate's attributes.
-    if last == "process_index":
+    if last == "process_index":  # Accelerate
         return "global"
     if last == "local_process_index":
         return "local"
-    spawn = _spawn_index(facts, name, function)
-    if spawn:
+    if _spawn_index(facts, name, function):
         return "spawn"
-    # Follow the variable first: `rank = int(os.environ["LOCAL_RANK"])` is a local rank.
-    for value in facts.reaching_values(expr, order, function):
-        if value is expr:
-            continue
-        kind = rank_kind(facts, value, order, function, depth + 1)
-        if kind is not None:
-            return kind
-    if last.endswith("local_rank") or last in ("local_rank", "localrank"):
-        return "local"
-    if last == "rank" or last.endswith("_rank") and last not in ("node_rank", "group_rank", "num_rank"):
-        if last.startswith("local"):
+    if trust_names:
+        # Follow the variable first: `rank = int(os.environ["LOCAL_RANK"])` is a local rank.
+        for value in facts.reaching_values(expr, order, function):
+            if value is not expr:
+                kind = recurse(facts, value, order, function, depth + 1)
+                if kind is not None:
+                    return kind
+        if last.endswith("local_rank") or last == "localrank":
             return "local"
+        if last == "rank" or last.endswith("_rank") and last not in ("node_rank", "group_rank", "num_rank"):
+            return "global"
+        return None
+    kinds: set[Optional[str]] = set()
+    for value, v_order, v_function in facts.leaf_values(expr, order, function):
+        kinds.add(None if value is expr else recurse(facts, value, v_order, v_function, depth + 1))
+    return kinds.pop() if len(kinds) == 1 else None
+
+
+def _rank_of_call(
+    facts: "ModuleFacts",
+    expr: cst.Call,
+    depth: int,
+    recurse: "Callable[..., Optional[str]]",
+    order: int,
+    function: Optional["Function"],
+) -> Optional[str]:
+    from ddpdoctor.lint.facts import dotted_name
+
+    name = facts.qualify(expr.func)
+    if name in GLOBAL_RANK_CALLS:
         return "global"
+    if name in LOCAL_RANK_CALLS:
+        return "local"
+    if name is None or not name.startswith(("torch.", "horovod.")):
+        last = _last_segment(dotted_name(expr.func) or name or "")
+        if last in GLOBAL_RANK_HELPERS:
+            return "global"
+        if last in LOCAL_RANK_HELPERS:
+            return "local"
+        if last == "int" and expr.args:
+            return recurse(facts, expr.args[0].value, order, function, depth + 1)
+    call = facts.call_of(expr)
+    if call is not None:
+        # The module's own helper: what it returns. A literal return is the single-process
+        # fallback of `get_rank()`-style helpers (`return 0`), not a different kind of rank.
+        returned: set[Optional[str]] = set()
+        for helper in facts.resolve_local_function(call):
+            for value in helper.returns:
+                if not isinstance(value, cst.Integer):
+                    returned.add(recurse(facts, value, helper.end_order, helper, depth + 1))
+        if len(returned) == 1:
+            return returned.pop()
     return None
 
 
@@ -624,96 +665,6 @@ def _device_index_of(
     if ints or dotted_name(value) is not None:
         return [DeviceIndex("expr", value, order, function)]
     return [DeviceIndex("other", value, order, function)]
-
-
-def rank_source(
-    facts: "ModuleFacts",
-    expr: Optional[cst.BaseExpression],
-    order: int,
-    function: Optional["Function"],
-    depth: int = 0,
-) -> Optional[str]:
-    if expr is None:
-        return None
-    key = ("rank_source", id(expr), order, id(function))
-    return facts.memoized(key, lambda: _rank_source(facts, expr, order, function, depth), None)
-
-
-def _rank_source(
-    facts: "ModuleFacts",
-    expr: Optional[cst.BaseExpression],
-    order: int,
-    function: Optional["Function"],
-    depth: int = 0,
-) -> Optional[str]:
-    """Like `rank_kind`, but only from where the value comes from, never from what a variable is
-    called: "global" for RANK / `dist.get_rank()` / `hvd.rank()` / a `get_rank()` helper, "local"
-    for LOCAL_RANK / `hvd.local_rank()` / a rank modulo the GPU count, "spawn" for the `mp.spawn`
-    index, None when the value cannot be traced (or its sources disagree). For rules that must not
-    guess."""
-    from ddpdoctor.lint.facts import MAX_DEPTH, dotted_name
-
-    if expr is None or depth > MAX_DEPTH:
-        return None
-    if isinstance(expr, cst.BinaryOperation) and isinstance(expr.operator, cst.Modulo):
-        if rank_kind(facts, expr.left, order, function, depth + 1) is not None:
-            return "local"
-        return None
-    key = env_key(facts, expr)
-    if key is None:
-        key = _env_copy_key(facts, expr, order, function)
-    if key is not None:
-        if key in LOCAL_RANK_ENV:
-            return "local"
-        if key in GLOBAL_RANK_ENV:
-            return "global"
-        return None
-    if isinstance(expr, cst.Call):
-        name = facts.qualify(expr.func)
-        if name in GLOBAL_RANK_CALLS:
-            return "global"
-        if name in LOCAL_RANK_CALLS:
-            return "local"
-        dotted = dotted_name(expr.func)
-        if name is None or not name.startswith(("torch.", "horovod.")):
-            last = _last_segment(dotted or name or "")
-            if last in GLOBAL_RANK_HELPERS:
-                return "global"
-            if last in LOCAL_RANK_HELPERS:
-                return "local"
-            if last == "int" and expr.args:
-                return rank_source(facts, expr.args[0].value, order, function, depth + 1)
-        call = facts.call_of(expr)
-        if call is not None:
-            # The module's own helper: what it returns. A literal return is the single-process
-            # fallback of `get_rank()`-style helpers (`return 0`), not a different kind of rank.
-            returned: set[Optional[str]] = set()
-            for helper in facts.resolve_local_function(call):
-                for value in helper.returns:
-                    if not isinstance(value, cst.Integer):
-                        returned.add(rank_source(facts, value, helper.end_order, helper, depth + 1))
-            if len(returned) == 1:
-                return returned.pop()
-        return None
-    name = dotted_name(expr)
-    if name is None:
-        return None
-    last = _last_segment(name)
-    if last == "process_index":
-        return "global"
-    if last == "local_process_index":
-        return "local"
-    if _spawn_index(facts, name, function):
-        return "spawn"
-    kinds: set[Optional[str]] = set()
-    for value, v_order, v_function in facts.leaf_values(expr, order, function):
-        if value is expr:
-            kinds.add(None)
-            continue
-        kinds.add(rank_source(facts, value, v_order, v_function, depth + 1))
-    if len(kinds) == 1:
-        return kinds.pop()
-    return None
 
 
 def env_reads(facts: "ModuleFacts") -> list[tuple[str, cst.CSTNode]]:
