@@ -1,0 +1,83 @@
+"""Shared helpers for the probe tests: run the real command in a subprocess and check that it left
+no process behind."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+from typing import Any, Optional
+
+REPO = Path(__file__).resolve().parents[2]
+PROBE = [sys.executable, "-c", "from ddpdoctor.probe.command import probe; probe()"]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def probe_env(mark: str) -> dict[str, str]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
+    # Every process of this run inherits the mark, so leftovers can be found afterwards.
+    env["DDPDOCTOR_TEST_MARK"] = mark
+    return env
+
+
+def processes_with_mark(mark: str) -> list[int]:
+    found = []
+    needle = f"DDPDOCTOR_TEST_MARK={mark}".encode()
+    for name in os.listdir("/proc"):
+        if not name.isdigit() or int(name) == os.getpid():
+            continue
+        try:
+            with open(f"/proc/{name}/environ", "rb") as fh:
+                if needle in fh.read().split(b"\0"):
+                    with open(f"/proc/{name}/stat") as st:
+                        stat = st.read()
+                    if stat[stat.rfind(")") + 2] != "Z":
+                        found.append(int(name))
+        except OSError:
+            continue
+    return found
+
+
+def assert_no_leftovers(mark: str) -> None:
+    deadline = time.monotonic() + 3
+    while processes_with_mark(mark) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert processes_with_mark(mark) == [], "the probe left processes behind"
+
+
+class Run:
+    def __init__(self, proc: subprocess.CompletedProcess, seconds: float) -> None:
+        self.returncode = proc.returncode
+        self.stdout = proc.stdout
+        self.stderr = proc.stderr
+        self.seconds = seconds
+
+    def json(self) -> dict[str, Any]:
+        return json.loads(self.stdout)
+
+    def check(self, name: str) -> dict[str, Any]:
+        return next(c for c in self.json()["checks"] if c["name"] == name)
+
+
+def run_probe(*args: str, timeout: float = 120, mark: Optional[str] = None) -> Run:
+    mark = mark or uuid.uuid4().hex
+    start = time.monotonic()
+    proc = subprocess.run([*PROBE, *args], capture_output=True, text=True, timeout=timeout, env=probe_env(mark), cwd=REPO)
+    seconds = time.monotonic() - start
+    assert_no_leftovers(mark)
+    return Run(proc, seconds)
+
+
+def bad_ranks(check: dict[str, Any]) -> list[int]:
+    return sorted(e["rank"] for e in check["ranks"] if e["status"] in ("fail", "error"))

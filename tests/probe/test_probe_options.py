@@ -1,0 +1,98 @@
+"""Options, selection and the command's failure modes -- no ranks launched."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+from click.testing import CliRunner
+
+from ddpdoctor.probe.command import probe
+from ddpdoctor.probe.devices import select
+from ddpdoctor.probe.options import CHECK_NAMES, FaultSpec, OptionError, ProbeOptions, parse_checks, parse_fault
+from probe_helpers import REPO
+
+
+def test_importing_the_command_does_not_import_torch() -> None:
+    code = "import sys, ddpdoctor.probe.command; sys.exit(1 if 'torch' in sys.modules else 0)"
+    assert subprocess.run([sys.executable, "-c", code], cwd=REPO).returncode == 0
+
+
+def test_parse_fault() -> None:
+    assert parse_fault("hang:3") == FaultSpec("hang", 3)
+    for bad in ("hang", "explode:1", "crash:x", "crash:-1"):
+        with pytest.raises(OptionError):
+            parse_fault(bad)
+
+
+def test_parse_checks_keeps_canonical_order() -> None:
+    assert parse_checks("sampler,world") == ("world", "sampler")
+    assert parse_checks(None) == CHECK_NAMES
+    with pytest.raises(OptionError, match="unknown check"):
+        parse_checks("world,nope")
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--inject-fault", "explode:1"], "--inject-fault expects KIND:RANK"),
+        (["--nproc", "0"], "--nproc must be >= 1"),
+        (["--nnodes", "2"], "needs --rdzv-endpoint"),
+        (["--nnodes", "2", "--node-rank", "2", "--rdzv-endpoint", "127.0.0.1:1"], "--node-rank must be in"),
+        (["--rdzv-endpoint", "nohostport"], "HOST:PORT"),
+        (["--timeout", "0"], "--timeout must be > 0"),
+        (["--nproc", "2", "--inject-fault", "hang:5"], "rank 5 does not exist"),
+        (["--checks", "bogus"], "unknown check"),
+    ],
+)
+def test_bad_options_exit_2_with_one_line(args: list[str], message: str) -> None:
+    result = CliRunner().invoke(probe, args)
+    assert result.exit_code == 2, result.output
+    assert message in result.output
+    assert "Traceback" not in result.output
+    assert len(result.output.strip().splitlines()) == 1
+
+
+def test_nccl_on_a_machine_without_enough_gpus_is_refused_before_launch() -> None:
+    # torch here is a CPU build (or has fewer GPUs than 64 ranks): refused in one line, nothing launched.
+    result = CliRunner().invoke(probe, ["--backend", "nccl", "--nproc", "64"])
+    assert result.exit_code == 2
+    assert "Traceback" not in result.output
+    assert "NCCL" in result.output or "nccl" in result.output
+
+
+def test_missing_torch_says_how_to_install(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "torch", None)  # makes `import torch` raise ImportError
+    result = CliRunner().invoke(probe, ["--nproc", "2"])
+    assert result.exit_code == 2
+    assert "pip install 'ddpdoctor[probe]'" in result.output
+    assert "Traceback" not in result.output
+
+
+def test_auto_picks_nccl_when_every_local_rank_has_a_gpu() -> None:
+    sel = select("auto", "auto", 4, torch_has_cuda=True, nccl_available=True, gpu_count=(8, "test"))
+    assert (sel.backend, sel.device) == ("nccl", "cuda")
+    assert "8 visible GPU(s)" in sel.reason
+
+
+def test_auto_falls_back_to_gloo_on_cpu_with_too_few_gpus_and_says_why() -> None:
+    sel = select("auto", "auto", 4, torch_has_cuda=True, nccl_available=True, gpu_count=(2, "test"))
+    assert (sel.backend, sel.device) == ("gloo", "cpu")
+    assert "2 visible GPU(s)" in sel.reason and "4 local rank(s)" in sel.reason
+
+
+def test_default_nproc_is_one_per_gpu_or_two_on_cpu() -> None:
+    assert select("auto", "auto", None, torch_has_cuda=True, nccl_available=True, gpu_count=(3, "t")).nproc == 3
+    assert select("auto", "auto", None, torch_has_cuda=False, nccl_available=False, gpu_count=(0, "t")).nproc == 2
+
+
+def test_more_ranks_than_gpus_with_nccl_is_an_error() -> None:
+    with pytest.raises(OptionError, match="more than the 2 visible GPU"):
+        select("nccl", "auto", 4, torch_has_cuda=True, nccl_available=True, gpu_count=(2, "test"))
+    with pytest.raises(OptionError, match="needs --device cuda"):
+        select("nccl", "cpu", 1, torch_has_cuda=True, nccl_available=True, gpu_count=(2, "test"))
+
+
+def test_options_validate_accepts_defaults() -> None:
+    ProbeOptions(nproc=2).validate()

@@ -1,0 +1,187 @@
+"""The probe for real: gloo ranks on CPU, launched through torch's elastic launcher.
+
+Each run is checked for leftover processes (see probe_helpers.run_probe).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+
+import pytest
+
+from probe_helpers import PROBE, REPO, assert_no_leftovers, bad_ranks, free_port, probe_env, processes_with_mark, run_probe
+
+pytestmark = pytest.mark.slow
+TIMEOUT = "2"
+
+
+def test_four_ranks_pass_every_check_json() -> None:
+    run = run_probe("--nproc", "4", "--backend", "gloo", "--timeout", TIMEOUT, "--format", "json")
+    assert run.returncode == 0, run.stdout + run.stderr
+    report = run.json()
+    assert [c["name"] for c in report["checks"]] == [
+        "world", "liveness", "allreduce", "param-sync", "ddp-parity", "syncbn", "sampler", "bandwidth"]
+    for check in report["checks"]:
+        assert check["status"] == "pass", check
+        assert [e["rank"] for e in check["ranks"]] == [0, 1, 2, 3]
+        assert all(isinstance(e["rank"], int) and e["status"] == "pass" for e in check["ranks"])
+    assert report["environment"]["world_size"] == 4
+    assert report["environment"]["backend"] == "gloo"
+    assert isinstance(report["environment_findings"], list)
+    # ddpdoctor.env's header when it is installed; otherwise the report says why it is missing.
+    assert report["environment"].get("summary_lines") or report["environment"].get("env_unavailable")
+    # The measured details are there, not just a status.
+    assert report["checks"][2]["ranks"][0]["detail"]["cases"] >= 25
+    assert "busbw_GBps" in report["checks"][-1]["detail"]["sweep"][0]
+    assert "cross-rank statistic exchange" in report["checks"][5]["summary"]  # CPU SyncBN says what it checked
+    assert "DDP001" in report["checks"][6]["summary"]
+
+
+def test_text_output_has_table_and_verdict() -> None:
+    run = run_probe("--nproc", "2", "--timeout", TIMEOUT, "--checks", "world,liveness,allreduce,sampler")
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert "verdict: all 4 checks passed on 2 ranks" in run.stdout
+    assert "r0" in run.stdout and "r1" in run.stdout
+    assert "gloo on cpu" in run.stdout
+
+
+@pytest.mark.parametrize(
+    "fault, check, rank",
+    [
+        ("allreduce-corrupt:1", "allreduce", 1),
+        ("param-desync:0", "param-sync", 0),
+        ("hang:2", "liveness", 2),
+        ("crash:1", "liveness", 1),
+    ],
+)
+def test_injected_fault_is_caught_by_the_right_check_and_rank(fault: str, check: str, rank: int) -> None:
+    run = run_probe("--nproc", "3", "--timeout", TIMEOUT, "--format", "json", "--inject-fault", fault)
+    assert run.returncode == 1, run.stdout + run.stderr
+    report = run.json()
+    failed = [c["name"] for c in report["checks"] if c["status"] in ("fail", "error")]
+    assert failed == [check], report["verdict"]
+    assert bad_ranks(run.check(check)) == [rank]
+    assert f"rank {rank}" in report["verdict"]
+    if fault.startswith("hang"):
+        entry = run.check(check)["ranks"][rank]
+        assert entry["detail"]["missing"] is True
+        assert "did not report liveness" in entry["message"]
+        # Detection within the timeout budget: barrier + exchange timeouts, grace, start-up.
+        assert run.seconds < 25
+    if fault.startswith("crash"):
+        entry = run.check(check)["ranks"][rank]
+        assert "InjectedCrash" in entry["message"]
+        assert "injected crash on rank 1" in entry["detail"]["traceback"]
+        assert report["failures"] and report["failures"][0]["rank"] == rank
+
+
+def test_crash_shows_the_traceback_in_text_output() -> None:
+    run = run_probe("--nproc", "2", "--timeout", TIMEOUT, "--inject-fault", "crash:0", "--checks", "world,liveness,allreduce")
+    assert run.returncode == 1
+    assert "InjectedCrash: injected crash on rank 0" in run.stdout
+    assert "next:" in run.stdout
+
+
+def test_external_launcher_runs_the_worker_module() -> None:
+    mark = uuid.uuid4().hex
+    proc = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--rdzv-backend", "c10d",
+         "--rdzv-endpoint", f"127.0.0.1:{free_port()}", "-m", "ddpdoctor.probe", "--format", "json",
+         "--timeout", TIMEOUT, "--checks", "world,liveness,allreduce"],
+        capture_output=True, text=True, timeout=120, env=probe_env(mark), cwd=REPO,
+    )
+    assert_no_leftovers(mark)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    start = proc.stdout.index("{")
+    report = json.loads(proc.stdout[start:])
+    assert [c["status"] for c in report["checks"]] == ["pass", "pass", "pass"]
+    assert report["world_size"] == 2
+
+
+def test_unreachable_rendezvous_is_a_one_line_launch_error() -> None:
+    # 127.0.0.9 is loopback: nothing listens there, and no traffic leaves the machine.
+    run = run_probe("--nnodes", "2", "--node-rank", "1", "--rdzv-endpoint", f"127.0.0.9:{free_port()}",
+                    "--nproc", "1", "--join-timeout", "3", "--timeout", TIMEOUT)
+    assert run.returncode == 2, run.stdout + run.stderr
+    assert "launch failed" in run.stderr
+    assert "Traceback" not in run.stderr
+    assert run.seconds < 30
+
+
+def _start_node(node_rank: int, port: int, mark: str, *extra: str) -> subprocess.Popen:
+    return subprocess.Popen(
+        [*PROBE, "--nnodes", "2", "--node-rank", str(node_rank), "--rdzv-endpoint", f"127.0.0.1:{port}",
+         "--nproc", "2", "--timeout", TIMEOUT, "--join-timeout", "30", "--format", "json", *extra],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=probe_env(mark), cwd=REPO,
+    )
+
+
+def test_two_node_agents_on_loopback_pass() -> None:
+    port, mark = free_port(), uuid.uuid4().hex
+    nodes = [_start_node(0, port, mark), _start_node(1, port, mark)]
+    outs = [p.communicate(timeout=120) for p in nodes]
+    assert_no_leftovers(mark)
+    for p, (out, err) in zip(nodes, outs):
+        assert p.returncode == 0, err[-3000:]
+        report = json.loads(out)
+        assert report["world_size"] == 4
+        assert all(c["status"] == "pass" for c in report["checks"])
+        assert [e["rank"] for e in report["checks"][0]["ranks"]] == [0, 1, 2, 3]
+        assert {e["detail"]["node_rank"] for e in report["checks"][0]["ranks"]} == {0, 1}
+
+
+def test_killed_node_is_reported_by_the_other_within_its_timeout() -> None:
+    port, mark = free_port(), uuid.uuid4().hex
+    node0 = _start_node(0, port, mark)
+    # Rank 2 (on node 1) stalls at liveness, so node 1 is certainly still mid-run when killed.
+    node1 = _start_node(1, port, mark, "--inject-fault", "hang:2")
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and len(_children(node1.pid)) < 2:
+        time.sleep(0.05)
+    assert len(_children(node1.pid)) >= 2, "node 1 never started its ranks"
+    time.sleep(0.5)
+    killed_at = time.monotonic()
+    node1.send_signal(signal.SIGKILL)
+    node1.communicate(timeout=30)
+    out, err = node0.communicate(timeout=60)
+    took = time.monotonic() - killed_at
+    assert_no_leftovers(mark)  # node 1's ranks died with their agent
+    assert node0.returncode == 1, err[-3000:]
+    report = json.loads(out)
+    failing = [c for c in report["checks"] if c["status"] == "fail"]
+    assert failing, report["verdict"]
+    assert bad_ranks(failing[0]) == [2, 3]
+    assert took < 20
+
+
+def _children(pid: int) -> list[int]:
+    kids = []
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            try:
+                with open(f"/proc/{name}/stat") as fh:
+                    stat = fh.read()
+                if int(stat[stat.rfind(")") + 2:].split()[1]) == pid:
+                    kids.append(int(name))
+            except (OSError, ValueError):
+                pass
+    return kids
+
+
+def test_processes_with_mark_finds_live_processes() -> None:
+    # The leftover detector must be able to fail: a marked sleeper is found, then gone once killed.
+    mark = uuid.uuid4().hex
+    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"], env=probe_env(mark))
+    try:
+        time.sleep(0.2)
+        assert processes_with_mark(mark) == [sleeper.pid]
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+    assert processes_with_mark(mark) == []
