@@ -23,6 +23,7 @@ def test_core_dependencies_do_not_include_torch() -> None:
     probe = [r for r in requirements if "probe" in r.split(";")[-1]]
     assert any(r.startswith("torch") for r in probe)
     assert any(r.startswith("nvidia-ml-py") for r in probe)
+    assert any(r.startswith("numpy") for r in probe)
 
 
 def test_cli_import_does_not_import_torch() -> None:
