@@ -319,24 +319,10 @@ class _Builder:
         elif isinstance(statement, cst.For):
             self.expr(statement.iter)
             targets = self.bind_target(statement.target, None, "for", statement)
-            loop = Loop(statement, next(self.counter), 0, self.function, tuple(targets), statement.iter)
-            self.loops.append(loop)
-            self.suite(statement.body)
-            self.loops.pop()
-            loop.end_order = next(self.counter)
-            self.facts.loops.append(loop)
-            if statement.orelse is not None:
-                self.suite(statement.orelse.body)
+            self.loop(statement, tuple(targets), statement.iter)
         elif isinstance(statement, cst.While):
             self.expr(statement.test)
-            loop = Loop(statement, next(self.counter), 0, self.function, (), None)
-            self.loops.append(loop)
-            self.suite(statement.body)
-            self.loops.pop()
-            loop.end_order = next(self.counter)
-            self.facts.loops.append(loop)
-            if statement.orelse is not None:
-                self.suite(statement.orelse.body)
+            self.loop(statement, (), None)
         elif isinstance(statement, cst.FunctionDef):
             self.function_def(statement)
         elif isinstance(statement, cst.ClassDef):
@@ -374,6 +360,16 @@ class _Builder:
                 self.suite(case.body)
         else:  # anything new in the grammar: still find its calls
             self.expr(statement)
+
+    def loop(self, node: Union[cst.For, cst.While], targets: tuple[str, ...], iterable: Optional[Expr]) -> None:
+        loop = Loop(node, next(self.counter), 0, self.function, targets, iterable)
+        self.loops.append(loop)
+        self.suite(node.body)
+        self.loops.pop()
+        loop.end_order = next(self.counter)
+        self.facts.loops.append(loop)
+        if node.orelse is not None:
+            self.suite(node.orelse.body)  # runs once, after the loop: not part of it
 
     def function_def(self, node: cst.FunctionDef) -> None:
         for decorator in node.decorators:
