@@ -7,7 +7,7 @@ Each page starts with a small front matter block:
     name: syncbn-after-ddp
     severity: error
     default: on
-    fixable: false
+    fixable: false          # true: --fix applies it; suggested: attached, never auto-applied
     kind: lint
     summary: SyncBatchNorm conversion applied after the model was wrapped in DDP
     ---
@@ -45,7 +45,8 @@ class RuleInfo:
     name: str
     severity: Severity
     default_on: bool
-    fixable: bool
+    fixable: bool  # `--fix` can apply this rule's fixes
+    fix_kind: str  # "auto", "suggested" (attached to findings, never applied automatically) or "none"
     kind: str
     summary: str
     body: str
@@ -73,6 +74,7 @@ class RuleInfo:
             "severity": self.severity.value,
             "default": "on" if self.default_on else "off",
             "fixable": self.fixable,
+            "fix": self.fix_kind,
             "kind": self.kind,
             "summary": self.summary,
             "help_uri": self.help_uri,
@@ -107,6 +109,8 @@ def parse_page(path: Path) -> RuleInfo:
         raise CatalogError(f"{path}: front matter lacks {', '.join(missing)}")
     if meta["code"] != path.stem:
         raise CatalogError(f"{path}: code {meta['code']} does not match the file name")
+    if meta["fixable"] not in ("true", "suggested", "false"):
+        raise CatalogError(f"{path}: fixable must be true, suggested or false")
     if meta["kind"] not in KINDS:
         raise CatalogError(f"{path}: kind must be one of {', '.join(KINDS)}")
     return RuleInfo(
@@ -115,6 +119,7 @@ def parse_page(path: Path) -> RuleInfo:
         severity=Severity(meta["severity"]),
         default_on=meta["default"] == "on",
         fixable=meta["fixable"] == "true",
+        fix_kind={"true": "auto", "suggested": "suggested", "false": "none"}[meta["fixable"]],
         kind=meta["kind"],
         summary=meta["summary"],
         body=text[match.end():].strip() + "\n",

@@ -245,7 +245,7 @@ def rules(output_format: str, show_all: bool) -> None:
     for info in catalog:
         table.add_row(
             info.code, info.name, info.severity.value, "on" if info.default_on else "off",
-            "yes" if info.fixable else "", info.summary,
+            {"auto": "yes", "suggested": "suggested"}.get(info.fix_kind, ""), info.summary,
         )
     Console(highlight=False, soft_wrap=False).print(table)
 

@@ -36,7 +36,7 @@ def test_rules_json_and_all() -> None:
     assert [r["code"] for r in payload] == LINT_CODES
     amp001 = next(r for r in payload if r["code"] == "AMP001")
     assert amp001 == {
-        "code": "AMP001", "name": "deprecated-cuda-amp", "severity": "info", "default": "off", "fixable": True,
+        "code": "AMP001", "name": "deprecated-cuda-amp", "severity": "info", "default": "off", "fixable": True, "fix": "auto",
         "kind": "lint", "summary": amp001["summary"], "help_uri": amp001["help_uri"],
     }
     everything = json.loads(invoke("rules", "--all", "--format", "json").output)
@@ -64,3 +64,10 @@ def test_explain_json_and_unknown_code() -> None:
 def test_version() -> None:
     result = invoke("--version")
     assert result.output.strip() == f"ddpdoctor {__version__}"
+
+
+def test_suggested_fixes_are_not_called_fixable() -> None:
+    payload = {r["code"]: r for r in json.loads(invoke("rules", "--format", "json").output)}
+    assert payload["DDP010"]["fixable"] is False and payload["DDP010"]["fix"] == "suggested"
+    row = next(line for line in invoke("rules").output.splitlines() if line.startswith("DDP010"))
+    assert "suggested" in row.split()
