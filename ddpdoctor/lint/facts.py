@@ -696,18 +696,7 @@ class ModuleFacts:
 
     def argument_values(self, function: Function, param: str) -> list[Expr]:
         """The expressions passed for `param` at this module's call sites of `function`."""
-        try:
-            index = function.params.index(param)
-        except ValueError:
-            return []
-        if function.klass is not None and function.params and function.params[0] in ("self", "cls"):
-            index -= 1
-        out: list[Expr] = []
-        for site in self.call_sites(function):
-            value = site.arg(position=index if index >= 0 else None, keyword=param)
-            if value is not None:
-                out.append(value)
-        return out
+        return [value for value, _, _ in self._argument_sites(function, param)]
 
     def memoized(self, key: tuple[object, ...], compute: "Callable[[], T]", unknown: "T") -> "T":
         """Run a value-following query once per key. A query that re-enters itself (a cycle) or
@@ -1093,23 +1082,28 @@ class _Unknown:
 UNKNOWN: object = _Unknown()
 
 
-def iter_calls_in(facts: ModuleFacts, node: cst.CSTNode) -> Iterator[Call]:
-    """The recorded calls inside a subtree, in source order."""
+def walk(node: cst.CSTNode, skip: Optional[Callable[[cst.CSTNode], bool]] = None) -> Iterator[cst.CSTNode]:
+    """Every statement/expression node in a subtree (whitespace and token nodes skipped), in no
+    particular order; `skip` prunes a node and everything under it. The same cheap walk the builder
+    uses, for rules' rare deeper questions."""
     stack: list[cst.CSTNode] = [node]
-    found: list[Call] = []
     while stack:
         current = stack.pop()
-        if isinstance(current, cst.Call):
-            call = facts.call_of(current)
-            if call is not None:
-                found.append(call)
+        if skip is not None and skip(current):
+            continue
+        yield current
         for name in _child_fields(type(current)):
             value = getattr(current, name)
             if isinstance(value, cst.CSTNode):
                 stack.append(value)
             elif type(value) in (tuple, list):
                 stack.extend(v for v in value if isinstance(v, cst.CSTNode))
-    return iter(sorted(found, key=lambda c: c.order))
+
+
+def iter_calls_in(facts: ModuleFacts, node: cst.CSTNode) -> Iterator[Call]:
+    """The recorded calls inside a subtree, in source order."""
+    found = [facts.call_of(n) for n in walk(node) if isinstance(n, cst.Call)]
+    return iter(sorted((c for c in found if c is not None), key=lambda c: c.order))
 
 
 def names_in(node: cst.CSTNode) -> Iterable[str]:

@@ -671,14 +671,14 @@ def env_reads(facts: "ModuleFacts") -> list[tuple[str, cst.CSTNode]]:
     """Every environment variable the module reads, with the node that reads it:
     `os.environ["X"]`, `os.environ.get("X")`, `os.getenv("X")` and `"X" in os.environ`. Walks the
     tree, so call it only once a rule has a candidate finding."""
-    from ddpdoctor.lint.facts import _child_fields
+    from ddpdoctor.lint.facts import walk
+
+    def is_store(node: cst.CSTNode) -> bool:
+        # `os.environ["RANK"] = str(rank)` sets the variable; it is not read here.
+        return isinstance(node, cst.AssignTarget) and isinstance(node.target, cst.Subscript)
 
     out: list[tuple[str, cst.CSTNode]] = []
-    stack: list[cst.CSTNode] = [facts.module]
-    while stack:
-        node = stack.pop()
-        if isinstance(node, cst.AssignTarget) and isinstance(node.target, cst.Subscript):
-            continue  # `os.environ["RANK"] = str(rank)` sets the variable; it is not read here
+    for node in walk(facts.module, skip=is_store):
         if isinstance(node, (cst.Subscript, cst.Call)):
             key = env_key(facts, node)
             if key is not None:
@@ -691,12 +691,6 @@ def env_reads(facts: "ModuleFacts") -> list[tuple[str, cst.CSTNode]]:
                 and facts.qualify(target.comparator) == "os.environ"
             ):
                 out.append((str(node.left.evaluated_value), node))
-        for name in _child_fields(type(node)):
-            value = getattr(node, name)
-            if isinstance(value, cst.CSTNode):
-                stack.append(value)
-            elif type(value) in (tuple, list):
-                stack.extend(v for v in value if isinstance(v, cst.CSTNode))
     return out
 
 
