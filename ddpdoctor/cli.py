@@ -110,7 +110,7 @@ def lint(
     """Lint training scripts (files, folders, or '-' for standard input)."""
     from ddpdoctor.config import ConfigError, find_config, load_settings, split_codes
     from ddpdoctor.lint import fixes as fixing
-    from ddpdoctor.lint.engine import FileResult, RunResult, lint_bytes, lint_paths, read_text_for_frames
+    from ddpdoctor.lint.engine import RunResult, lint_bytes, lint_paths, read_text_for_frames
     from ddpdoctor.lint.files import PathError
     from ddpdoctor.report import ReportContext, render
 

@@ -120,6 +120,7 @@ class Loop:
     function: Optional[Function]
     target_names: tuple[str, ...]  # for-loop targets, dotted
     iter: Optional[Expr]  # the for-loop's iterable (None for while)
+    guards: tuple["Guard", ...] = ()  # the branch conditions the loop itself runs under
 
     @property
     def is_while(self) -> bool:
@@ -362,7 +363,7 @@ class _Builder:
             self.expr(statement)
 
     def loop(self, node: Union[cst.For, cst.While], targets: tuple[str, ...], iterable: Optional[Expr]) -> None:
-        loop = Loop(node, next(self.counter), 0, self.function, targets, iterable)
+        loop = Loop(node, next(self.counter), 0, self.function, targets, iterable, tuple(self.guards))
         self.loops.append(loop)
         self.suite(node.body)
         self.loops.pop()

@@ -6,6 +6,7 @@ from typing import Optional
 
 import libcst as cst
 
+from ddpdoctor.findings import Edit, Fix
 from ddpdoctor.lint.facts import Call, Loop, names_in
 from ddpdoctor.lint.rules.base import Rule
 
@@ -69,7 +70,39 @@ class MissingSetEpoch(Rule):
                         f"{self.line(sampler.node)}), but set_epoch is never called in the epoch loop (line "
                         f"{self.line(epoch_loop.node)}), so every epoch repeats the same order on every rank. "
                         f"Call `{name}.set_epoch(epoch)` at the start of each epoch.",
+                        fix=self._fix(sampler, epoch_loop),
                     )
+
+    def _fix(self, sampler: Call, epoch_loop: Loop) -> Optional[Fix]:
+        """Insert `<sampler>.set_epoch(<epoch>)` as the epoch loop's first statement.
+
+        Offered only when the edit is certainly right: a `for <name> in ...:` loop with an indented
+        body, and one variable that holds exactly this sampler wherever the loop runs. It is applied
+        by --fix only when that variable is bound unconditionally; a sampler created under
+        `if args.distributed:` may be unbound or None on the other path, so there the fix is shown
+        but left to a person (who may want `if args.distributed:` around it)."""
+        node = epoch_loop.node
+        if not isinstance(node, cst.For) or not isinstance(node.target, cst.Name):
+            return None
+        if not isinstance(node.body, cst.IndentedBlock) or not node.body.body:
+            return None
+        bound = [a for a in self.facts.assignments if a.value is sampler.node and a.kind == "assign"]
+        if len(bound) != 1:
+            return None
+        holder = bound[0]
+        if self.facts.reaching_assignments(holder.target, epoch_loop.order, epoch_loop.function) != [holder]:
+            return None
+        first = node.body.body[0]
+        position = self.facts.position(first)
+        line_text = self.facts.module.code.splitlines()[position.start.line - 1]
+        indent = line_text[: position.start.column]
+        if indent.strip():
+            return None  # the first statement shares its line with something else
+        statement = f"{holder.target}.set_epoch({node.target.value})"
+        edit = Edit(position.start.line, 1, position.start.line, 1, f"{indent}{statement}\n")
+        loop_guards = {id(g.test) for g in epoch_loop.guards}
+        unconditional = all(id(g.test) in loop_guards for g in holder.ctx.guards)
+        return Fix(f"call `{statement}` at the start of each epoch", applicable=unconditional, edits=(edit,))
 
     def _reseeded_each_epoch(self, sampler: Call, epoch_loop: Loop) -> bool:
         """`DistributedSampler(ds, seed=base_seed + epoch)` built inside the epoch loop: a new order
@@ -173,3 +206,4 @@ class MissingSetEpoch(Rule):
         if isinstance(receiver, cst.Attribute) and receiver.attr.value in ("sampler", "batch_sampler"):
             receiver = receiver.value
         return not self.facts.origin_calls(receiver, call.order, call.function)
+
