@@ -58,3 +58,20 @@ def test_wheel_ships_the_catalog(tmp_path: Path) -> None:
     shipped = load_catalog(str(tmp_path / "unpacked" / "ddpdoctor" / "_catalog"))
     assert set(shipped) == set(load_catalog())
     assert not any(n.startswith(("tests/", "fixtures/")) for n in names)
+
+
+@pytest.mark.slow
+def test_installing_the_linter_alone_resolves_no_torch(tmp_path: Path) -> None:
+    """What pip would install for `pip install ddpdoctor` (as pre-commit does): never torch."""
+    report = tmp_path / "report.json"
+    result = subprocess.run(
+        [sys.executable, "-m", "pip", "install", "--dry-run", "--ignore-installed", "--quiet",
+         "--report", str(report), str(ROOT)],
+        capture_output=True, text=True, timeout=600,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    import json
+
+    names = {item["metadata"]["name"].lower() for item in json.loads(report.read_text())["install"]}
+    assert {"ddpdoctor", "libcst", "click", "rich"} <= names
+    assert not names & {"torch", "nvidia-ml-py", "numpy"}, names
