@@ -16,7 +16,7 @@ import torch
 import torch.distributed as dist
 
 from ddpdoctor.probe import results as R
-from ddpdoctor.probe.checks.base import Context
+from ddpdoctor.probe.checks.base import Context, blame_failures
 
 NAME = "bandwidth"
 ADVICE = ""
@@ -68,10 +68,7 @@ def run(ctx: Context) -> dict[str, Any]:
 def judge(entries: list[dict[str, Any]]) -> dict[str, Any]:
     live = [e for e in entries if e["status"] == R.PASS]
     rec = R.record(NAME, entries)
-    bad = R.ranks_with(rec, R.FAIL, R.ERROR)
-    if bad:
-        first = next(e for e in rec["ranks"] if e["rank"] in bad)
-        rec["summary"] = f"{R.format_ranks(bad)}: {first['message']}"
+    if blame_failures(rec):
         return rec
     # The slowest rank defines a collective's time, so report the max over ranks per size.
     table = []

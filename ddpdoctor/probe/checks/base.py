@@ -39,17 +39,26 @@ def tensor_hash(tensors: "list[torch.Tensor]") -> str:
     return digest.hexdigest()[:16]
 
 
+def blame_failures(rec: dict[str, Any], advice: str = "") -> bool:
+    """If any rank failed or errored, name them with the first one's message (and the advice) in
+    the record's summary and return True; else leave the record alone and return False."""
+    bad = R.ranks_with(rec, R.FAIL, R.ERROR)
+    if not bad:
+        return False
+    first = next(e for e in rec["ranks"] if e["rank"] in bad)
+    rec["summary"] = f"{R.format_ranks(bad)}: {first['message']}"
+    rec["advice"] = advice
+    return True
+
+
 def default_judge(name: str, advice: str, describe: Callable[[list[dict[str, Any]]], str] | None = None):
     """The usual verdict: fail names the failing ranks; pass says what was verified."""
 
     def judge(entries: list[dict[str, Any]]) -> dict[str, Any]:
         rec = R.record(name, entries)
-        bad = R.ranks_with(rec, R.FAIL, R.ERROR)
-        if bad:
-            first = next(e for e in rec["ranks"] if e["rank"] in bad)
-            rec["summary"] = f"{R.format_ranks(bad)}: {first['message']}"
-            rec["advice"] = advice
-        elif rec["status"] == R.SKIP:
+        if blame_failures(rec, advice):
+            return rec
+        if rec["status"] == R.SKIP:
             rec["summary"] = rec["ranks"][0]["message"] if rec["ranks"] else "skipped"
         else:
             rec["summary"] = describe(rec["ranks"]) if describe else (rec["ranks"][0]["message"] if rec["ranks"] else "")

@@ -17,7 +17,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from ddpdoctor.probe import results as R
-from ddpdoctor.probe.checks.base import Context, tensor_hash
+from ddpdoctor.probe.checks.base import Context, blame_failures, tensor_hash
 
 NAME = "param-sync"
 ADVICE = (
@@ -108,12 +108,7 @@ def judge(entries: list[dict[str, Any]]) -> dict[str, Any]:
                 f"{e['detail']['max_diff_vs_reference_init']:.3g} / {e['detail']['max_diff_vs_reference_step']:.3g})"
             )
     rec = R.record(NAME, entries)
-    bad = R.ranks_with(rec, R.FAIL, R.ERROR)
-    if bad:
-        first = next(e for e in rec["ranks"] if e["rank"] in bad)
-        rec["summary"] = f"{R.format_ranks(bad)}: {first['message']}"
-        rec["advice"] = ADVICE
-    else:
+    if not blame_failures(rec, ADVICE):
         rec["summary"] = (
             f"every parameter and buffer hashes the same on all {len(live)} ranks after DDP construction "
             f"and after one step ({live[0]['detail']['hash_step'] if live else '?'})"

@@ -11,7 +11,7 @@ import torch.distributed as dist
 from torch.utils.data import DistributedSampler
 
 from ddpdoctor.probe import results as R
-from ddpdoctor.probe.checks.base import Context
+from ddpdoctor.probe.checks.base import Context, default_judge
 
 NAME = "sampler"
 ADVICE = (
@@ -61,17 +61,12 @@ def run(ctx: Context) -> dict[str, Any]:
     return R.entry(ctx.rank, R.PASS, "disjoint, covering, reshuffled by set_epoch", **detail)
 
 
-def judge(entries: list[dict[str, Any]]) -> dict[str, Any]:
-    rec = R.record(NAME, entries)
-    bad = R.ranks_with(rec, R.FAIL, R.ERROR)
-    if bad:
-        first = next(e for e in rec["ranks"] if e["rank"] in bad)
-        rec["summary"] = f"{R.format_ranks(bad)}: {first['message']}"
-        rec["advice"] = ADVICE
-    else:
-        d = entries[0]["detail"]
-        rec["summary"] = (
-            f"{len(entries)} shards of {d['shard_size']} are disjoint and cover all {d['dataset_size']} samples; "
-            f"set_epoch() reshuffles them. Note: {NOTE}"
-        )
-    return rec
+def _describe(ranks: list[dict[str, Any]]) -> str:
+    d = ranks[0]["detail"]
+    return (
+        f"{len(ranks)} shards of {d['shard_size']} are disjoint and cover all {d['dataset_size']} samples; "
+        f"set_epoch() reshuffles them. Note: {NOTE}"
+    )
+
+
+judge = default_judge(NAME, ADVICE, _describe)

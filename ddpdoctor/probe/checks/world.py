@@ -10,7 +10,7 @@ from typing import Any
 import torch
 
 from ddpdoctor.probe import results as R
-from ddpdoctor.probe.checks.base import Context
+from ddpdoctor.probe.checks.base import Context, blame_failures
 
 NAME = "world"
 ADVICE = (
@@ -95,12 +95,7 @@ def judge(entries: list[dict[str, Any]]) -> dict[str, Any]:
             e["status"] = R.FAIL
             e["message"] = "; ".join(problems[e["rank"]])
     rec = R.record(NAME, entries)
-    if problems or rec["status"] != R.PASS:
-        bad = R.ranks_with(rec, R.FAIL, R.ERROR)
-        first = next(e for e in rec["ranks"] if e["rank"] in bad)
-        rec["summary"] = f"{R.format_ranks(bad)}: {first['message']}"
-        rec["advice"] = ADVICE
-    else:
+    if not blame_failures(rec, ADVICE):
         hosts = sorted({e["detail"]["host"] for e in live})
         v = live[0]["detail"]["versions"] if live else {}
         rec["summary"] = (
