@@ -16,6 +16,7 @@ import click
 
 from ddpdoctor import __version__
 from ddpdoctor.catalog import CatalogError, load_catalog, rule_info
+from ddpdoctor.terminal import use_color
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -62,14 +63,6 @@ def main() -> None:
 
 
 # --------------------------------------------------------------------------------------------- lint
-
-
-def _use_color(output_file: Optional[str]) -> bool:
-    if output_file or os.environ.get("NO_COLOR"):
-        return False
-    if os.environ.get("FORCE_COLOR"):
-        return True
-    return sys.stdout.isatty()
 
 
 @main.command()
@@ -178,7 +171,7 @@ def lint(
             click.echo(f"ddpdoctor: error: {error}", err=True)
         raise click.exceptions.Exit(EXIT_ERROR if run.errors else (EXIT_FINDINGS if diffs and not exit_zero else EXIT_CLEAN))
 
-    color = output_format == "text" and _use_color(output_file)
+    color = output_format == "text" and use_color(output_file)
     sources: dict[str, str] = {}
     if color:
         for result in run.files:

@@ -2,15 +2,14 @@
 
 from __future__ import annotations
 
-import os
 import shutil
-import sys
 from pathlib import Path
 from typing import Optional
 
 import click
 
 from ddpdoctor.findings import Severity, worst_severity
+from ddpdoctor.terminal import use_color
 
 EXIT_CLEAN, EXIT_FINDINGS, EXIT_USAGE = 0, 1, 2
 
@@ -29,14 +28,6 @@ class OneLineErrors(click.Command):
             return super().parse_args(ctx, args)
         except click.UsageError as error:
             raise _usage_error(f"env: {error.format_message()}") from None
-
-
-def _use_color(output_file: Optional[str]) -> bool:
-    if output_file or os.environ.get("NO_COLOR"):
-        return False
-    if os.environ.get("FORCE_COLOR"):
-        return True
-    return sys.stdout.isatty()
 
 
 @click.command(cls=OneLineErrors, context_settings={"help_option_names": ["-h", "--help"]})
@@ -82,7 +73,7 @@ def env(
     if output_format == "json":
         text = to_json(report, findings)
     else:
-        color = _use_color(output_file)
+        color = use_color(output_file)
         # The report is rendered into a string first, so rich cannot see the terminal itself.
         width = shutil.get_terminal_size((PLAIN_WIDTH, 24)).columns if color else None
         text = to_text(report, findings, color=color, width=width)
