@@ -15,6 +15,7 @@ import libcst as cst
 
 from ddpdoctor.catalog import RuleInfo, load_catalog
 from ddpdoctor.findings import Edit, Finding, Fix, Severity
+from ddpdoctor.lint import vocab
 from ddpdoctor.lint.facts import ModuleFacts
 
 
@@ -25,6 +26,9 @@ class Rule:
     trigger_words: ClassVar[tuple[str, ...]] = ()
     # And, for rules that only apply to a multi-process script, one of these must appear too.
     context_words: ClassVar[tuple[str, ...]] = ()
+    # False for rules about choices that test suites make per test case on purpose (devices, ranks,
+    # learning rates): such a rule does not run on test files (see `vocab.is_test_module`).
+    checks_test_suites: ClassVar[bool] = True
 
     def __init__(self, facts: ModuleFacts) -> None:
         self.facts = facts
@@ -78,6 +82,8 @@ class Rule:
         return self.facts.line_of(node)
 
     def run(self) -> list[Finding]:
+        if not self.checks_test_suites and vocab.is_test_module(self.facts):
+            return []
         self.check()
         return self._findings
 

@@ -24,12 +24,11 @@ class GlobalRankAsDevice(Rule):
     """
 
     code = "DDP004"
+    checks_test_suites = False
     # Every global-rank source the vocabulary knows spells one of these.
     trigger_words = ("get_rank", "RANK", "rank()", "SLURM_PROCID", "process_index", "global_rank", "world_rank")
 
     def check(self) -> None:
-        if vocab.is_test_module(self.facts):
-            return  # test suites choose devices, ranks and learning rates per test on purpose
         facts = self.facts
         reported: set[int] = set()
         for argument in vocab.device_arguments(facts):

@@ -34,11 +34,10 @@ class HardcodedRank(Rule):
     """
 
     code = "DDP003"
+    checks_test_suites = False
     trigger_words = ("init_process_group", "DistributedDataParallel", "horovod", "spawn", "start_processes")
 
     def check(self) -> None:
-        if vocab.is_test_module(self.facts):
-            return  # test suites choose devices, ranks and learning rates per test on purpose
         evidence = vocab.multiprocess_evidence(self.facts)
         if evidence is None:
             return

@@ -8,7 +8,6 @@ from typing import Optional
 import libcst as cst
 
 from ddpdoctor.lint.facts import MAX_DEPTH, Call, Function, ModuleFacts, dotted_name
-from ddpdoctor.lint import vocab
 from ddpdoctor.lint.rules.base import Rule
 
 HVD_MODULES = ("horovod.torch",)
@@ -58,11 +57,10 @@ class HorovodLrNotScaled(Rule):
     """
 
     code = "HVD001"
+    checks_test_suites = False
     trigger_words = ("DistributedOptimizer",)
 
     def check(self) -> None:
-        if vocab.is_test_module(self.facts):
-            return  # test suites choose devices, ranks and learning rates per test on purpose
         wrappers = self.facts.calls_named(*DISTRIBUTED_OPTIMIZER)
         if not wrappers or self._scaled_later():
             return

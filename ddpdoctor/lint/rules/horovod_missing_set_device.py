@@ -25,11 +25,10 @@ class HorovodMissingSetDevice(Rule):
     """
 
     code = "HVD003"
+    checks_test_suites = False
     trigger_words = ("horovod",)
 
     def check(self) -> None:
-        if vocab.is_test_module(self.facts):
-            return  # test suites choose devices, ranks and learning rates per test on purpose
         facts = self.facts
         inits = [
             call for call in facts.calls_named(HOROVOD_TORCH_INIT)

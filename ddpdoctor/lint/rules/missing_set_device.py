@@ -24,11 +24,10 @@ class MissingSetDevice(Rule):
     """
 
     code = "DDP011"
+    checks_test_suites = False
     trigger_words = ("nccl", "NCCL")
 
     def check(self) -> None:
-        if vocab.is_test_module(self.facts):
-            return  # test suites choose devices, ranks and learning rates per test on purpose
         facts = self.facts
         # An init in a helper this module never calls belongs to a library module (a `utils.setup()`):
         # the script that calls it may pin the device itself.
