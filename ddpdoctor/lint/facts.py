@@ -107,10 +107,6 @@ class Function:
     returns: list[Expr] = field(default_factory=list)
     calls: list["Call"] = field(default_factory=list)
 
-    @property
-    def is_method(self) -> bool:
-        return self.klass is not None
-
 
 @dataclass(eq=False)
 class Loop:
@@ -121,10 +117,6 @@ class Loop:
     target_names: tuple[str, ...]  # for-loop targets, dotted
     iter: Optional[Expr]  # the for-loop's iterable (None for while)
     guards: tuple["Guard", ...] = ()  # the branch conditions the loop itself runs under
-
-    @property
-    def is_while(self) -> bool:
-        return isinstance(self.node, cst.While)
 
 
 @dataclass(eq=False)
@@ -494,11 +486,9 @@ class _Builder:
         pending: list[cst.CSTNode] = []
         while stack:
             node = stack.pop()
+            # Calls in a lambda body are recorded in the enclosing context: good enough for rules.
             if isinstance(node, cst.Call):
                 self.record_call(node)
-            elif isinstance(node, cst.Lambda):
-                # Calls in a lambda body belong to the enclosing context; good enough for rules.
-                pass
             pending.clear()
             for name in _child_fields(type(node)):
                 value = getattr(node, name)
@@ -626,14 +616,6 @@ class ModuleFacts:
                                 continue
                             self._call_sites.setdefault(id(fn), []).append(call)
         return self._call_sites.get(id(function), [])
-
-    def enclosing_functions(self, call: Call) -> list[Function]:
-        out = []
-        fn = call.function
-        while fn is not None:
-            out.append(fn)
-            fn = fn.parent
-        return out
 
     # ---- assignments and values
 
@@ -1031,9 +1013,6 @@ class ModuleFacts:
                     return kinds.pop()
         return None
 
-    def is_rank_guarded(self, call: Union[Call, Assignment]) -> bool:
-        return self.rank_guard_kind(call) is not None
-
     # ---- positions (lazy)
 
     def position(self, node: cst.CSTNode) -> CodeRange:
@@ -1099,12 +1078,6 @@ def walk(node: cst.CSTNode, skip: Optional[Callable[[cst.CSTNode], bool]] = None
                 stack.append(value)
             elif type(value) in (tuple, list):
                 stack.extend(v for v in value if isinstance(v, cst.CSTNode))
-
-
-def iter_calls_in(facts: ModuleFacts, node: cst.CSTNode) -> Iterator[Call]:
-    """The recorded calls inside a subtree, in source order."""
-    found = [facts.call_of(n) for n in walk(node) if isinstance(n, cst.Call)]
-    return iter(sorted((c for c in found if c is not None), key=lambda c: c.order))
 
 
 def names_in(node: cst.CSTNode) -> Iterable[str]:
