@@ -283,13 +283,6 @@ def lint_paths(
     return run, discovered.skipped_dirs_without_python
 
 
-def severity_counts(findings: Iterable[Finding]) -> dict[str, int]:
-    counts = {s.value: 0 for s in Severity}
-    for finding in findings:
-        counts[finding.severity.value] += 1
-    return counts
-
-
 def read_text_for_frames(path: str) -> Optional[str]:
     try:
         with open(path, "rb") as handle:

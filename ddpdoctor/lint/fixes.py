@@ -15,7 +15,7 @@ from typing import Sequence
 
 import libcst as cst
 
-from ddpdoctor.findings import Edit, Finding
+from ddpdoctor.findings import Finding
 
 
 class FixError(Exception):
@@ -96,7 +96,3 @@ def unified_diff(path: str, before: str, after: str) -> str:
             before.splitlines(keepends=True), after.splitlines(keepends=True), fromfile=f"a/{path}", tofile=f"b/{path}"
         )
     )
-
-
-def edit_for(line: int, column: int, end_line: int, end_column: int, content: str) -> Edit:
-    return Edit(line, column, end_line, end_column, content)

@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import importlib
 import pkgutil
-from typing import ClassVar, Iterable, Iterator, Optional, Sequence
+from typing import ClassVar, Iterator, Optional
 
 import libcst as cst
 
 from ddpdoctor.catalog import RuleInfo, load_catalog
-from ddpdoctor.findings import Edit, Finding, Fix, Severity
+from ddpdoctor.findings import Edit, Finding, Fix
 from ddpdoctor.lint import vocab
 from ddpdoctor.lint.facts import ModuleFacts
 
@@ -112,12 +112,3 @@ def all_rules() -> dict[str, type[Rule]]:
                         found[value.code] = value
         _RULES = dict(sorted(found.items()))
     return _RULES
-
-
-def severity_of(code: str) -> Severity:
-    return load_catalog()[code].severity
-
-
-def select_rules(codes: Iterable[str]) -> Sequence[type[Rule]]:
-    rules = all_rules()
-    return [rules[c] for c in sorted(set(codes)) if c in rules]
