@@ -27,7 +27,7 @@ def render_text(report: dict[str, Any], console: Optional[Any] = None) -> None:
     env = report.get("environment", {})
     header = (
         f"ddpdoctor probe: {report['world_size']} rank(s), {report['backend']} on {report['device']} "
-        f"-- torch {env.get('torch')}, CUDA {env.get('cuda')}, host {env.get('host')}"
+        f"-- torch {env.get('torch')}, CUDA {env.get('cuda') or 'n/a'}, host {env.get('host')}"
     )
     console.print(Text(header, style="bold"))
     if env.get("selection"):

@@ -100,6 +100,7 @@ def judge(entries: list[dict[str, Any]]) -> dict[str, Any]:
         v = live[0]["detail"]["versions"] if live else {}
         rec["summary"] = (
             f"{len(live)} ranks on {len(hosts)} host(s), {live[0]['detail']['backend'] if live else '?'}, "
-            f"torch {v.get('torch')}, CUDA {v.get('cuda')}, NCCL {v.get('nccl')}: versions agree"
+            f"torch {v.get('torch') or 'n/a'}, CUDA {v.get('cuda') or 'n/a'}, NCCL {v.get('nccl') or 'n/a'}: "
+            "versions agree"
         )
     return rec
