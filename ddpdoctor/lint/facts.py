@@ -545,7 +545,13 @@ class ModuleFacts:
         self._steps = 0
 
     @classmethod
-    def build(cls, module: cst.Module, path: str = "<string>", world_size: Optional[int] = None) -> "ModuleFacts":
+    def build(
+        cls,
+        module: cst.Module,
+        path: str = "<string>",
+        world_size: Optional[int] = None,
+        project: Optional[object] = None,  # a ProjectSources; the per-file facts do not follow imports
+    ) -> "ModuleFacts":
         facts = cls(module, path, world_size)
         builder = _Builder(facts)
         # Imports first: a later `import` still names what earlier calls in functions mean at run time.

@@ -1,0 +1,1 @@
+"""The analysis layer: what the rules know about the code, layered bottom-up."""
