@@ -251,7 +251,6 @@ def test_ddp005_augmented_world_size_is_silent() -> None:
 @pytest.mark.parametrize(
     "source",
     [
-        'dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")\n',
         'dist.init_process_group("nccl", device_id=torch.device("cuda", local_rank))\n',
         "dist.init_process_group(backend)\n",  # cannot be followed
         # a utils-module helper no one in this file calls: the caller may pin first
@@ -269,6 +268,16 @@ def test_ddp005_augmented_world_size_is_silent() -> None:
 )
 def test_ddp011_silent(source: str) -> None:
     assert findings(source, "DDP011") == []
+
+
+@pytest.mark.parametrize(
+    "backend",
+    ['"nccl" if torch.cuda.is_available() else "gloo"', '"gloo" if args.cpu else "nccl"'],
+)
+def test_ddp011_conditional_backend_with_an_nccl_arm(backend: str) -> None:
+    # Issue 10: both arms are followed; the run that takes the NCCL arm needs its GPU pinned.
+    assert len(findings(f"dist.init_process_group({backend})\n", "DDP011")) == 1
+    assert findings(f"dist.init_process_group({backend.replace('nccl', 'mpi')})\n", "DDP011") == []
 
 
 def test_ddp011_spawn_target_counts_as_called() -> None:

@@ -50,6 +50,8 @@ class AccumulationWithoutNoSync(Rule):
             if not backward.loops:
                 continue
             loop = backward.loops[-1]
+            if any(self._without_accumulation(guard) for guard in backward.ctx.guards):
+                continue  # the `else:` of `if accumulation_steps > 1:`: one backward per step
             step, guard = self._conditional_step(backward, loop)
             if step is None or guard is None:
                 continue
@@ -79,6 +81,24 @@ class AccumulationWithoutNoSync(Rule):
                 if self._is_accumulation_test(guard, call):
                     return call, guard
         return None, None
+
+    @staticmethod
+    def _without_accumulation(guard: Guard) -> bool:
+        """A branch that runs only when the accumulation count is 1: `if accum_steps == 1:`,
+        `if grad_accum <= 1:`, or the `else:` of `if accumulation_steps > 1:`."""
+        test = guard.test
+        if not isinstance(test, cst.Comparison) or len(test.comparisons) != 1:
+            return False
+        name = dotted_name(test.left) or ""
+        if "accum" not in name.rsplit(".", 1)[-1].lower():
+            return False
+        target = test.comparisons[0]
+        if not (isinstance(target.comparator, cst.Integer) and target.comparator.evaluated_value == 1):
+            return False
+        operator = type(target.operator)
+        if guard.negated:
+            return operator in (cst.GreaterThan, cst.NotEqual)
+        return operator in (cst.Equal, cst.LessThanEqual)
 
     @staticmethod
     def _is_optimizer_step(call: Call) -> bool:

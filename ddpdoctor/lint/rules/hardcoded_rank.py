@@ -35,7 +35,7 @@ class HardcodedRank(Rule):
 
     code = "DDP003"
     checks_test_suites = False
-    trigger_words = ("init_process_group", "DistributedDataParallel", "horovod", "spawn", "start_processes")
+    trigger_words = launch.LAUNCH_WORDS
 
     def check(self) -> None:
         evidence = launch.multiprocess_evidence(self.model)
@@ -52,6 +52,8 @@ class HardcodedRank(Rule):
     def check_init_ranks(self) -> None:
         model = self.model
         for call in model.calls_named(launch.INIT_PROCESS_GROUP):
+            if launch.is_fake_backend(model, call):
+                continue  # torch's FakeProcessGroup: one process simulates the whole world by design
             rank_expr = call.arg(4, "rank")
             if rank_expr is None or who_runs(model, call).runs in (Runs.RANK0, Runs.SINGLE):
                 continue  # `if is_master: init_process_group(..., rank=0)` is right
@@ -120,7 +122,7 @@ class HardcodedRank(Rule):
             self.report(
                 argument.expr,
                 f"{argument.where} is given the hard-coded device {shown}{origin} in a multi-process script "
-                f"({_describe(evidence)} at line {self.line(evidence.node)}): every process uses GPU "
+                f"({launch.describe(evidence)} at line {self.line(evidence.node)}): every process uses GPU "
                 f"{literal.index} instead of its own. Derive the device from the local rank "
                 f"(int(os.environ[\"LOCAL_RANK\"]), hvd.local_rank() or the mp.spawn index).",
             )
@@ -134,14 +136,3 @@ def _contains(model: ModuleModel, outer: cst.CSTNode, inner: cst.CSTNode) -> boo
     a, b = model.position(outer), model.position(inner)
     return (a.start.line, a.start.column) <= (b.start.line, b.start.column) and (
         b.end.line, b.end.column) <= (a.end.line, a.end.column)
-
-
-def _describe(call: Call) -> str:
-    name = call.name or ""
-    if name == launch.INIT_PROCESS_GROUP:
-        return "init_process_group"
-    if name == launch.DDP_CLASS:
-        return "DistributedDataParallel"
-    if name in launch.HOROVOD_INIT_CALLS:
-        return "hvd.init()"
-    return "mp.spawn"

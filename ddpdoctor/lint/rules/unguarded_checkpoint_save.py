@@ -6,25 +6,11 @@ from typing import Optional
 
 import libcst as cst
 
-from ddpdoctor.lint.analysis import MAX_DEPTH, Call, Function, ModuleModel, Runs, dotted_name, ranks, who_runs
+from ddpdoctor.lint.analysis import MAX_DEPTH, Call, Function, ModuleModel, Runs, dotted_name, launch, ranks, who_runs
 from ddpdoctor.lint.rules.base import Rule
 
 SAVE = "torch.save"
-INIT = ("torch.distributed.init_process_group",)
-DDP = "torch.nn.parallel.DistributedDataParallel"
 IN_MEMORY = frozenset({"io.BytesIO", "io.StringIO"})
-
-
-def distributed_setup(model: ModuleModel) -> Optional[tuple[str, Optional[Call]]]:
-    """What makes this a multi-process script: (description, the call) or None."""
-    for call in model.calls_named(*INIT):
-        return "init_process_group", call
-    for call in model.calls_named(DDP):
-        return "DistributedDataParallel", call
-    for call in model.calls:
-        if call.name is not None and call.name.startswith("horovod."):
-            return "Horovod", call
-    return None
 
 
 def mentions_rank(
@@ -66,16 +52,16 @@ class UnguardedCheckpointSave(Rule):
 
     code = "DDP008"
     trigger_words = (".save(", "import save")
-    context_words = ("init_process_group", "DistributedDataParallel", "horovod")
+    context_words = launch.LAUNCH_WORDS
 
     def check(self) -> None:
         saves = self.model.calls_named(SAVE)
         if not saves:
             return
-        setup = distributed_setup(self.model)
-        if setup is None:
+        setup_call = launch.multiprocess_evidence(self.model)
+        if setup_call is None:
             return
-        what, setup_call = setup
+        what = launch.describe(setup_call)
         for save in saves:
             path = save.arg(1, "f")
             if path is None or mentions_rank(self.model, path, save.order, save.function):
@@ -84,14 +70,14 @@ class UnguardedCheckpointSave(Rule):
                 continue  # serialising into a buffer writes no file
             if who_runs(self.model, save).runs is not Runs.ALL:
                 continue
-            where = f" ({what} at line {self.line(setup_call.node)})" if setup_call is not None else ""
+            where = f" ({what} at line {self.line(setup_call.node)})"
             function = save.function
             if function is not None:
                 for site in self.model.callers(function):
                     if site.function is not function and who_runs(self.model, site).runs is Runs.ALL:
                         where += f", reached through the call to {function.name}() at line {self.line(site.node)}"
                         break
-            check = "`if hvd.rank() == 0:`" if what == "Horovod" else "`if dist.get_rank() == 0:` or a save_on_master helper"
+            check = "`if hvd.rank() == 0:`" if what == "hvd.init()" else "`if dist.get_rank() == 0:` or a save_on_master helper"
             self.report(
                 save.node,
                 f"torch.save runs on every rank of this distributed script{where}: all processes "
