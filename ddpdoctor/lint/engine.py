@@ -1,4 +1,4 @@
-"""The lint pipeline: read -> cheap pre-filter -> parse once -> facts -> rules -> suppression.
+"""The lint pipeline: read -> cheap pre-filter -> parse once -> analysis -> rules -> suppression.
 
 Also: parallel workers, the result cache and `--fix`/`--diff` rounds. Nothing here knows what any
 particular rule checks; rules know nothing of files, workers or caches.
@@ -24,7 +24,7 @@ from ddpdoctor.findings import Finding, Severity
 from ddpdoctor.lint import fixes as fixing
 from ddpdoctor.lint.analysis.imports import ProjectSources
 from ddpdoctor.lint.cache import ResultCache, content_hash
-from ddpdoctor.lint.facts import ModuleFacts
+from ddpdoctor.lint.analysis import ModuleModel, build_analysis
 from ddpdoctor.lint.files import discover
 from ddpdoctor.lint.rules.base import Rule, all_rules
 from ddpdoctor.lint.suppress import apply_suppressions
@@ -125,7 +125,7 @@ def lint_text(
     project: Optional[ProjectSources] = None,
     data: Optional[bytes] = None,
 ) -> tuple[list[Finding], bool]:
-    """Parse once, build facts once, run every rule. Returns (findings, parsed).
+    """Parse once, build the analysis once, run every rule. Returns (findings, parsed).
 
     With a `project`, the analysis may read the project modules this file imports; findings are
     kept for this file only, and what was read is in `project.dependencies()` (the caller's scope)."""
@@ -137,18 +137,19 @@ def lint_text(
         return [_parse_error(path, "cannot parse: the file is nested too deeply")], True
     if project is not None and data is not None:
         project.provide(Path(path), data, module)
-    facts = _analyse(module, path, world_size, project)
+    model = _analyse(module, path, world_size, project)
     findings: list[Finding] = []
     for rule_class in rules:
-        findings.extend(f for f in rule_class(facts).run() if f.path == path)
+        findings.extend(f for f in rule_class(model).run() if f.path == path)
     return apply_suppressions(findings, text), True
 
 
 def _analyse(
     module: cst.Module, path: str, world_size: Optional[int], project: Optional[ProjectSources]
-) -> ModuleFacts:
-    """The one call into the analysis layer (the seam the project-wide tests observe)."""
-    return ModuleFacts.build(module, path, world_size, project=project)
+) -> ModuleModel:
+    """The one call into the analysis layer (the seam the project-wide tests observe). The project
+    is not passed on yet: build_analysis does not follow imports (issue 10)."""
+    return build_analysis(module, path, world_size=world_size)
 
 
 def _syntax_error_finding(text: str, path: str, error: cst.ParserSyntaxError) -> Finding:

@@ -6,31 +6,15 @@ from typing import Optional
 
 import libcst as cst
 
-from ddpdoctor.lint import vocab
-from ddpdoctor.lint.facts import MAX_DEPTH, Call, Function, ModuleFacts, dotted_name
+from ddpdoctor.lint.analysis import MAX_DEPTH, Call, Function, ModuleModel, Runs, dotted_name, launch, ranks, who_runs
 from ddpdoctor.lint.rules.base import Rule
 
 SAVE = "torch.save"
-INIT = ("torch.distributed.init_process_group",)
-DDP = "torch.nn.parallel.DistributedDataParallel"
 IN_MEMORY = frozenset({"io.BytesIO", "io.StringIO"})
-SPAWN = ("torch.multiprocessing.spawn", "torch.multiprocessing.start_processes")
-
-
-def distributed_setup(facts: ModuleFacts) -> Optional[tuple[str, Optional[Call]]]:
-    """What makes this a multi-process script: (description, the call) or None."""
-    for call in facts.calls_named(*INIT):
-        return "init_process_group", call
-    for call in facts.calls_named(DDP):
-        return "DistributedDataParallel", call
-    for call in facts.calls:
-        if call.name is not None and call.name.startswith("horovod."):
-            return "Horovod", call
-    return None
 
 
 def mentions_rank(
-    facts: ModuleFacts, expr: Optional[cst.CSTNode], order: int, function: Optional[Function], depth: int = 0
+    model: ModuleModel, expr: Optional[cst.CSTNode], order: int, function: Optional[Function], depth: int = 0
 ) -> bool:
     """True when an expression (a path) is built from a rank, following variables: per-rank files."""
     if expr is None or depth > MAX_DEPTH:
@@ -41,102 +25,15 @@ def mentions_rank(
         if isinstance(node, (cst.Name, cst.Attribute, cst.Call)) and (
             isinstance(node, cst.Call) or dotted_name(node) is not None
         ):
-            if vocab.rank_kind(facts, node, order, function) is not None:  # type: ignore[arg-type]
+            if ranks.rank_kind(model, node, order, function) is not None:  # type: ignore[arg-type]
                 return True
             if not isinstance(node, cst.Call):
                 # The path through variables and helper parameters, each value in its own scope.
-                for value, v_order, v_function in facts.leaf_values(node, order, function):  # type: ignore[arg-type]
-                    if value is not node and mentions_rank(facts, value, v_order, v_function, depth + 1):
+                for value, v_order, v_function in model.leaf_values(node, order, function):  # type: ignore[arg-type]
+                    if value is not node and mentions_rank(model, value, v_order, v_function, depth + 1):
                         return True
                 continue
         stack.extend(child for child in node.children if not isinstance(child, cst.BaseParenthesizableWhitespace))
-    return False
-
-
-def spawn_targets(facts: ModuleFacts) -> set[str]:
-    """Names of functions handed to `mp.spawn`: each process runs them, with no call site here."""
-    names: set[str] = set()
-    for call in facts.calls_named(*SPAWN):
-        target = call.arg(0, "fn")
-        name = dotted_name(target)
-        if name is not None:
-            names.add(name)
-    return names
-
-
-def instance_call_sites(facts: ModuleFacts, function: Function) -> list[Call]:
-    """`trainer.fit()` where `trainer = Trainer(...)`: call sites of a method through an instance of
-    its class built in this module (facts.call_sites only knows `self.fit()` / `Trainer.fit()`)."""
-    if function.klass is None:
-        return []
-    sites: list[Call] = []
-    for call in facts.method_calls(function.name):
-        receiver = call.receiver
-        if receiver is None or dotted_name(receiver) in ("self", "cls", function.klass):
-            continue
-        for origin in facts.origin_calls(receiver, call.order, call.function):
-            if origin.dotted == function.klass:
-                sites.append(call)
-                break
-    return sites
-
-
-def reached_without_guard(
-    facts: ModuleFacts, node: Call, spawned: set[str], depth: int = 0
-) -> Optional[bool]:
-    """Whether some path from the module's entry points reaches `node` with no rank guard on it.
-
-    True: reached unguarded; False: every path is rank-guarded; None: undecidable (a helper that is
-    never called in this module), in which case the rules stay silent."""
-    if facts.rank_guard_kind(node) is not None:
-        return False
-    if any(_looks_like_rank_test(guard.test) for guard in node.ctx.guards):
-        return None  # `if self.gpu_id == 0:` — an id we cannot trace to a rank: undecidable
-    function = node.function
-    if function is None:
-        return True
-    if function.name in spawned and function.parent is None:
-        return True
-    if depth > 4:
-        return None
-    sites = [s for s in facts.call_sites(function) + instance_call_sites(facts, function) if s.function is not function]
-    if not sites:
-        return None
-    answers = {reached_without_guard(facts, site, spawned, depth + 1) for site in sites}
-    if True in answers:
-        return True
-    if None in answers:
-        return None
-    return False
-
-
-# Counters that are routinely compared with zero around a save (`if epoch % 10 == 0`, `if step == 0`).
-_COUNTER_WORDS = ("epoch", "step", "iter", "batch", "idx", "count", "len", "num", "size")
-
-
-def _looks_like_rank_test(test: cst.BaseExpression) -> bool:
-    """`<name> == 0`, `<name> in [-1, 0]` and the like on a variable that `vocab` does not know as a
-    rank (an `mp.spawn` index stored as `self.gpu_id`, say). Only the rules' silence depends on it."""
-    stack: list[cst.CSTNode] = [test]
-    while stack:
-        node = stack.pop()
-        if isinstance(node, (cst.BooleanOperation,)):
-            stack.extend((node.left, node.right))
-        elif isinstance(node, cst.UnaryOperation) and isinstance(node.operator, cst.Not):
-            stack.append(node.expression)
-        elif isinstance(node, cst.Comparison) and len(node.comparisons) == 1:
-            left, right = node.left, node.comparisons[0].comparator
-            if isinstance(left, cst.Integer):
-                left, right = right, left
-            name = dotted_name(left)
-            if name is None or any(word in name.rsplit(".", 1)[-1].lower() for word in _COUNTER_WORDS):
-                continue
-            if isinstance(right, cst.Integer) and right.evaluated_value == 0:
-                return True
-            if isinstance(right, (cst.List, cst.Tuple, cst.Set)) and any(
-                isinstance(e.value, cst.Integer) and e.value.evaluated_value == 0 for e in right.elements
-            ):
-                return True
     return False
 
 
@@ -155,33 +52,32 @@ class UnguardedCheckpointSave(Rule):
 
     code = "DDP008"
     trigger_words = (".save(", "import save")
-    context_words = ("init_process_group", "DistributedDataParallel", "horovod")
+    context_words = launch.LAUNCH_WORDS
 
     def check(self) -> None:
-        saves = self.facts.calls_named(SAVE)
+        saves = self.model.calls_named(SAVE)
         if not saves:
             return
-        setup = distributed_setup(self.facts)
-        if setup is None:
+        setup_call = launch.multiprocess_evidence(self.model)
+        if setup_call is None:
             return
-        what, setup_call = setup
-        spawned = spawn_targets(self.facts)
+        what = launch.describe(setup_call)
         for save in saves:
             path = save.arg(1, "f")
-            if path is None or mentions_rank(self.facts, path, save.order, save.function):
+            if path is None or mentions_rank(self.model, path, save.order, save.function):
                 continue  # a per-rank file (`ckpt_rank{rank}.pt`) is a deliberate sharded save
-            if self.facts.origin_names(path, save.order, save.function) & IN_MEMORY:
+            if self.model.origin_names(path, save.order, save.function) & IN_MEMORY:
                 continue  # serialising into a buffer writes no file
-            if reached_without_guard(self.facts, save, spawned) is not True:
+            if who_runs(self.model, save).runs is not Runs.ALL:
                 continue
-            where = f" ({what} at line {self.line(setup_call.node)})" if setup_call is not None else ""
+            where = f" ({what} at line {self.line(setup_call.node)})"
             function = save.function
             if function is not None:
-                for site in self.facts.call_sites(function) + instance_call_sites(self.facts, function):
-                    if site.function not in (None, function) and reached_without_guard(self.facts, site, spawned) is True:
+                for site in self.model.callers(function):
+                    if site.function is not function and who_runs(self.model, site).runs is Runs.ALL:
                         where += f", reached through the call to {function.name}() at line {self.line(site.node)}"
                         break
-            check = "`if hvd.rank() == 0:`" if what == "Horovod" else "`if dist.get_rank() == 0:` or a save_on_master helper"
+            check = "`if hvd.rank() == 0:`" if what == "hvd.init()" else "`if dist.get_rank() == 0:` or a save_on_master helper"
             self.report(
                 save.node,
                 f"torch.save runs on every rank of this distributed script{where}: all processes "
