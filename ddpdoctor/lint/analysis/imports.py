@@ -78,15 +78,26 @@ def _package_top(directory: Path) -> Path:
     return top
 
 
-def _nearest_pyproject(directory: Path) -> Optional[Path]:
+def _nearest_pyproject(directory: Path, known: dict[Path, Optional[Path]]) -> Optional[Path]:
+    """The nearest folder at or above `directory` with a pyproject.toml, not crossing a repository's
+    top (`.git`); `known` memoises the answer for every folder walked through."""
+    walked: list[Path] = []
     current = directory
+    found: Optional[Path] = None
     for _ in range(MAX_WALK_UP):
+        if current in known:
+            found = known[current]
+            break
+        walked.append(current)
         if _is_file(current / "pyproject.toml"):
-            return current
-        if (current / ".git").exists() or current.parent == current:
-            return None
+            found = current
+            break
+        if os.path.exists(current / ".git") or current.parent == current:
+            break
         current = current.parent
-    return None
+    for folder in walked:
+        known[folder] = found
+    return found
 
 
 class ProjectSources:
@@ -103,23 +114,27 @@ class ProjectSources:
         self._scopes: list[dict[Path, State]] = [{}]
 
     @classmethod
-    def for_paths(cls, paths: Sequence[Path]) -> "ProjectSources":
+    def for_paths(cls, paths: Sequence[Union[str, Path]]) -> "ProjectSources":
         """Roots for the named files and folders: each folder named, each file's folder and its
         package's top, the nearest pyproject.toml's folder and the `src/` beside it."""
-        roots: list[Path] = []
+        # Strings until the folders are unique: pre-commit may name hundreds of files in a few folders.
+        names: dict[str, None] = {}
         for raw in paths:
             try:
-                path = _absolute(raw)
-                folder = path if _is_dir(path) else path.parent
-                roots.append(folder)
-                roots.append(_package_top(folder))
-                project = _nearest_pyproject(folder)
-                if project is not None:
-                    roots.append(project)
-                    if _is_dir(project / "src"):
-                        roots.append(project / "src")
-            except (OSError, ValueError):
+                path = os.path.abspath(raw)
+                names[path if os.path.isdir(path) else os.path.dirname(path)] = None
+            except (OSError, ValueError, TypeError):
                 continue
+        roots: list[Path] = []
+        projects: dict[Path, Optional[Path]] = {}
+        for folder in map(Path, names):
+            roots.append(folder)
+            roots.append(_package_top(folder))
+            project = _nearest_pyproject(folder, projects)
+            if project is not None:
+                roots.append(project)
+                if _is_dir(project / "src"):
+                    roots.append(project / "src")
         return cls(roots)
 
     # ---- dependency recording
