@@ -159,3 +159,29 @@ def test_the_real_analysis_reads_nothing_beyond_the_imports(tmp_path: Path, monk
     write(tmp_path, files)
     lint([tmp_path / "proj/train.py"], tmp_path, use_cache=False)
     assert seen and seen[0].files_read() <= {tmp_path / "proj/train.py", tmp_path / "proj/__init__.py", tmp_path / "proj/m1.py"}
+
+
+def test_findings_are_kept_for_the_named_file_only(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An analysis that follows imports may see a problem in an imported module; the run over
+    main.py reports main.py's findings only (the imported module gets its own when it is named)."""
+    from ddpdoctor.findings import Finding, Severity
+
+    class SeesBothFiles:
+        code = "DDP008"
+        trigger_words = ("torch",)
+        context_words = ()
+
+        def __init__(self, model: Any) -> None:
+            self.path = model.path
+
+        def run(self) -> list[Finding]:
+            def at(path: str) -> Finding:
+                return Finding(code="DDP008", name="x", severity=Severity.WARNING, message="m", path=path,
+                               line=1, column=1, end_line=1, end_column=2)
+
+            return [at(self.path), at(str(tmp_path / "helpers.py"))]
+
+    write(tmp_path, {"main.py": SCRIPT.format(imports="from helpers import save_checkpoint"), "helpers.py": HELPER.format(body="pass")})
+    monkeypatch.setattr(engine, "_selected_rules", lambda codes: [SeesBothFiles])
+    run = lint([tmp_path / "main.py"], tmp_path, use_cache=False)
+    assert [(Path(f.path).name, f.code) for f in run.findings] == [("main.py", "DDP008")]
