@@ -185,3 +185,21 @@ def test_findings_are_kept_for_the_named_file_only(tmp_path: Path, monkeypatch: 
     monkeypatch.setattr(engine, "_selected_rules", lambda codes: [SeesBothFiles])
     run = lint([tmp_path / "main.py"], tmp_path, use_cache=False)
     assert [(Path(f.path).name, f.code) for f in run.findings] == [("main.py", "DDP008")]
+
+
+def test_worker_processes_record_dependencies_too(tmp_path: Path, projects: list[ProjectSources]) -> None:
+    count = engine.PARALLEL_THRESHOLD + 2
+    files = {f"job{i}.py": SCRIPT.format(imports="from helpers import save_checkpoint") for i in range(count)}
+    files["helpers.py"] = HELPER.format(body="pass")
+    write(tmp_path, files)
+    scripts = [tmp_path / f"job{i}.py" for i in range(count)]
+
+    def run() -> engine.RunResult:
+        result, _ = lint_paths([str(p) for p in scripts], Settings(select=("ALL",)), jobs=2, cache_root=tmp_path)
+        return result
+
+    first = run()
+    assert all(str(tmp_path / "helpers.py") in r.depends for r in first.files)
+    assert all(r.cached for r in run().files)
+    (tmp_path / "helpers.py").write_text(HELPER.format(body="return None"))
+    assert not any(r.cached for r in run().files)
