@@ -267,3 +267,28 @@ def test_linting_one_file_of_a_thousand_reads_only_its_imports(tmp_path: Path) -
     expected = {tmp_path / f"proj/{name}.py" for name in ("train", "__init__", "m1", "m2", "m101", "m102")}
     assert seen == expected
     assert project.files_read() == expected
+
+
+def test_parsed_modules_are_bounded_and_reparsed_after_eviction(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(imports, "MAX_MODULES", 2)
+    for name in "abc":
+        (tmp_path / f"{name}.py").write_text(f"{name} = 1\n")
+    project = ProjectSources([tmp_path])
+    first = project.parse(tmp_path / "a.py")
+    assert project.parse(tmp_path / "a.py") is first  # kept while within the bound
+    project.parse(tmp_path / "b.py")
+    project.parse(tmp_path / "a.py")  # a is now the most recently used: c evicts b
+    project.parse(tmp_path / "c.py")
+    assert project.parse(tmp_path / "a.py") is first
+    again = project.parse(tmp_path / "b.py")
+    assert again is not None and again.code == "b = 1\n"
+    assert project.files_read() == {tmp_path / f"{n}.py" for n in "abc"}
+
+
+def test_unparsable_module_is_not_read_twice(tmp_path: Path) -> None:
+    broken = tmp_path / "broken.py"
+    broken.write_text("def f(:\n")
+    project = ProjectSources([tmp_path])
+    assert project.parse(broken) is None
+    broken.write_text("x = 1\n")  # the run keeps what it saw first
+    assert project.parse(broken) is None

@@ -21,6 +21,7 @@ import contextlib
 import hashlib
 import os
 import tokenize
+from collections import OrderedDict
 from io import BytesIO
 from pathlib import Path
 from typing import Callable, Hashable, Iterator, Optional, Sequence, TypeVar, Union
@@ -34,6 +35,10 @@ T = TypeVar("T")
 MAX_BYTES = 2 * 1024 * 1024
 # How far up to look for a pyproject.toml or a package's top.
 MAX_WALK_UP = 32
+# Parsed modules kept at once. A libcst tree takes ~20x its source in memory, and a run over a large
+# tree provides every linted module: unbounded, 10,000 files would hold gigabytes. Past the bound the
+# least recently used tree is dropped (its digest is kept) and re-parsed if asked for again.
+MAX_MODULES = 256
 
 # Dependency states recorded per scope: a content digest, or one of these.
 EXISTS = ""  # the file's existence mattered (a resolution hit), not its content
@@ -105,7 +110,8 @@ class ProjectSources:
 
     def __init__(self, roots: Sequence[Path]) -> None:
         self.roots: tuple[Path, ...] = tuple(dict.fromkeys(_absolute(r) for r in roots))
-        self._modules: dict[Path, Optional[cst.Module]] = {}
+        self._modules: OrderedDict[Path, cst.Module] = OrderedDict()  # least recently used first
+        self._unparsable: set[Path] = set()
         self._digests: dict[Path, str] = {}
         self._absent: set[Path] = set()  # digest_of's misses (many importers look for the same names)
         self._resolved: dict[tuple[Path, Optional[str], int], tuple[Optional[Path], dict[Path, State]]] = {}
@@ -195,8 +201,18 @@ class ProjectSources:
         """Hand over a module the caller already read and parsed (a linted file), so that
         following an import back to it neither re-reads nor re-parses it."""
         path = _absolute(path)
-        self._modules[path] = module
         self._digests[path] = content_digest(data[: MAX_BYTES + 1])  # as digest_of reads it
+        self._keep(path, module)
+
+    def _keep(self, path: Path, module: Optional[cst.Module]) -> None:
+        if module is None:
+            self._unparsable.add(path)
+            return
+        self._unparsable.discard(path)
+        self._modules[path] = module
+        self._modules.move_to_end(path)
+        while len(self._modules) > MAX_MODULES:
+            self._modules.popitem(last=False)
 
     def parse(self, path: Path) -> Optional[cst.Module]:
         """The parsed module at `path`; None if it is unreadable, not Python, too large or does
@@ -205,11 +221,15 @@ class ProjectSources:
             path = _absolute(path)
         except (OSError, ValueError):
             return None
-        if path not in self._modules:
-            self._modules[path] = self._read_and_parse(path)
+        module = self._modules.get(path)
+        if module is not None:
+            self._modules.move_to_end(path)
+        elif path not in self._unparsable:
+            module = self._read_and_parse(path)
+            self._keep(path, module)
         if path in self._digests:
             self._note(path, self._digests[path])
-        return self._modules[path]
+        return module
 
     def _read_and_parse(self, path: Path) -> Optional[cst.Module]:
         if path.suffix not in (".py", ".pyi") or not _is_file(path):
