@@ -292,3 +292,25 @@ def test_unparsable_module_is_not_read_twice(tmp_path: Path) -> None:
     assert project.parse(broken) is None
     broken.write_text("x = 1\n")  # the run keeps what it saw first
     assert project.parse(broken) is None
+
+
+def test_imports_in_every_kind_of_block_are_found(tmp_path: Path) -> None:
+    names = [f"m{i}" for i in range(12)]
+    write(tmp_path, {f"{n}.py": "" for n in names})
+    write(
+        tmp_path,
+        {
+            "main.py": (
+                "try:\n    import m0\nexcept ImportError:\n    import m1\nelse:\n    import m2\nfinally:\n    import m3\n"
+                "if a:\n    pass\nelif b:\n    import m4\nelse:\n    import m5\n"
+                "for x in y:\n    pass\nelse:\n    import m6\n"
+                "while z:\n    import m7\n"
+                "with ctx():\n    import m8\n"
+                "class C:\n    def f(self):\n        import m9\n"
+                "if q: import m10\n"
+                "async def g():\n    async with c:\n        import m11\n"
+            )
+        },
+    )
+    project = ProjectSources([tmp_path])
+    assert project.imported_modules(tmp_path / "main.py") == [tmp_path / f"{n}.py" for n in names]

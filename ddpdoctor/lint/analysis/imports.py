@@ -389,13 +389,13 @@ def _imports(tree: cst.Module) -> Iterator[Union[cst.Import, cst.ImportFrom]]:
 
 
 def _child_statements(node: cst.BaseCompoundStatement) -> Iterator[cst.CSTNode]:
-    blocks: list[cst.BaseSuite] = [node.body]
+    blocks: list[cst.BaseSuite] = [node.body]  # in source order: body, handlers, else/elif, finally
+    for handler in getattr(node, "handlers", ()):
+        blocks.append(handler.body)
     orelse = getattr(node, "orelse", None)
     while orelse is not None:
         blocks.append(orelse.body)
         orelse = getattr(orelse, "orelse", None) if isinstance(orelse, cst.If) else None
-    for handler in getattr(node, "handlers", ()):
-        blocks.append(handler.body)
     final = getattr(node, "finalbody", None)
     if final is not None:
         blocks.append(final.body)
