@@ -33,6 +33,7 @@ from typing import Callable, Optional, Sequence, TypeVar, Union
 import libcst as cst
 from libcst.metadata import CodeRange, MetadataWrapper, PositionProvider
 
+from ddpdoctor.lint.analysis.imports import ProjectSources
 from ddpdoctor.lint.analysis.syntax import (
     UNKNOWN,
     Expr,
@@ -475,9 +476,16 @@ class _Builder:
 class ModuleModel:
     """Everything the rules know about one module. Build with `ModuleModel.build(module)`."""
 
-    def __init__(self, module: cst.Module, path: str = "<string>", world_size: Optional[int] = None) -> None:
+    def __init__(
+        self,
+        module: cst.Module,
+        path: str = "<string>",
+        world_size: Optional[int] = None,
+        project: Optional[ProjectSources] = None,
+    ) -> None:
         self.module = module
         self.path = path
+        self.project = project  # the run's project modules; None for stdin and snippets
         self.world_size = world_size  # --world-size / config: the number of processes or GPUs
         self.imports: dict[str, str] = {}
         self.imported_modules: set[str] = set()
@@ -499,8 +507,14 @@ class ModuleModel:
         self._steps = 0
 
     @classmethod
-    def build(cls, module: cst.Module, path: str = "<string>", world_size: Optional[int] = None) -> "ModuleModel":
-        model = cls(module, path, world_size)
+    def build(
+        cls,
+        module: cst.Module,
+        path: str = "<string>",
+        world_size: Optional[int] = None,
+        project: Optional[ProjectSources] = None,
+    ) -> "ModuleModel":
+        model = cls(module, path, world_size, project)
         builder = _Builder(model)
         # Imports first: a later `import` still names what earlier calls in functions mean at run time.
         for statement in module.body:

@@ -103,6 +103,10 @@ class HardcodedRank(Rule):
 
     def check_devices(self, evidence: Call) -> None:
         model = self.model
+        # One report per hard-coded literal: `device = "cuda:0"` used by five `.to(device)` calls is
+        # one fix, at the literal (the message names its line). Literals written at each use are
+        # each their own fix, and each is reported.
+        reported: set[int] = set()
         for argument in devices.device_arguments(model):
             call = argument.call
             indices = devices.device_indices(model, argument.expr, call.order, call.function, argument.ints)
@@ -110,10 +114,11 @@ class HardcodedRank(Rule):
             # in the single-process `else:` (or a call site under rank 0) is not a multi-process bug.
             live = [i for i in indices if route_runs(model, i.via, call) not in (Runs.RANK0, Runs.SINGLE)]
             literals = [i for i in live if i.kind == "literal"]
-            if not literals:
+            if not literals or any(id(i.node) in reported for i in literals):
                 continue
             if any(i.kind != "literal" and not _names_no_gpu(i.node) for i in live):
                 continue  # some value is computed (or unknown): the literal may be the single-GPU case
+            reported.update(id(i.node) for i in literals)
             literal = literals[0]
             shown = model.code_of(literal.node)
             origin = ""
