@@ -564,18 +564,24 @@ class ModuleModel:
         return [f for f in self.functions if f.name == name]
 
     def call_sites(self, function: Function) -> list[Call]:
-        """Calls in this module that invoke `function`: `f(...)`, `self.f(...)`, `cls.f(...)`, `Class.f(...)`."""
+        """Calls in this module that invoke `function`: `f(...)`, `self.f(...)`, `cls.f(...)`,
+        `Class.f(...)`, and `Class(...)` for `Class.__init__`."""
         if self._call_sites is None:
             self._call_sites = {}
             by_name: dict[str, list[Function]] = {}
+            constructors: dict[str, list[Function]] = {}
             for fn in self.functions:
                 by_name.setdefault(fn.name, []).append(fn)
+                if fn.name == "__init__" and fn.klass is not None:
+                    constructors.setdefault(fn.klass, []).append(fn)
             for call in self.calls:
                 func = call.node.func
                 if isinstance(func, cst.Name):
                     for fn in by_name.get(func.value, ()):
                         if fn.klass is None:
                             self._call_sites.setdefault(id(fn), []).append(call)
+                    for fn in constructors.get(func.value, ()):
+                        self._call_sites.setdefault(id(fn), []).append(call)
                 elif isinstance(func, cst.Attribute) and isinstance(func.value, cst.Name):
                     owner = func.value.value
                     for fn in by_name.get(func.attr.value, ()):
@@ -983,14 +989,16 @@ class ModuleModel:
         ]
         return sorted(outer, key=lambda other: other.order, reverse=True)
 
-    def calls_within(self, loop: Loop, depth: int = 3) -> list[Call]:
-        """Every call that runs while `loop` runs: the calls in its body, plus, `depth` levels deep,
-        the calls in this module's functions called from there (`train_one_epoch(epoch)`)."""
+    def calls_within(self, loop: Union[Loop, Function], depth: int = 3) -> list[Call]:
+        """Every call that runs while `loop` runs (or, for a function, while it runs): the calls in
+        its body, plus, `depth` levels deep, the calls in this module's functions called from there
+        (`train_one_epoch(epoch)`)."""
         seen: set[int] = set()
         out: list[Call] = []
-        frontier = [
-            c for c in self.calls if c.function is loop.function and contains(loop, c.order)
-        ]
+        if isinstance(loop, Function):
+            frontier = list(loop.calls)
+        else:
+            frontier = [c for c in self.calls if c.function is loop.function and contains(loop, c.order)]
         for _ in range(depth + 1):
             next_frontier: list[Call] = []
             for call in frontier:
@@ -1002,6 +1010,27 @@ class ModuleModel:
                     next_frontier.extend(helper.calls)
             frontier = next_frontier
         return out
+
+    def iteration(self, call: Call, depth: int = 3) -> Optional[Union[Loop, Function]]:
+        """The body that one iteration of a loop runs `call` in: its innermost loop, or, when it is
+        in no loop, its function if that is called from inside a loop (`self.train_step(batch)` in
+        `for batch in loader:`): one call of the function is one iteration."""
+        if call.loops:
+            return call.loops[-1]
+        function = call.function
+        if function is not None and self._called_in_loop(function, depth):
+            return function
+        return None
+
+    def _called_in_loop(self, function: Function, depth: int) -> bool:
+        for site in self.callers(function):
+            if site.function is function:
+                continue
+            if site.loops:
+                return True
+            if depth > 0 and site.function is not None and self._called_in_loop(site.function, depth - 1):
+                return True
+        return False
 
     # ---- positions (lazy)
 

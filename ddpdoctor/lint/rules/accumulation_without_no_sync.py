@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Optional, Union
 
 import libcst as cst
 
-from ddpdoctor.lint.analysis import Call, Guard, Loop, dotted_name, names_in
+from ddpdoctor.lint.analysis import Call, Function, Guard, Loop, contains, dotted_name, names_in
 from ddpdoctor.lint.rules.base import Rule
 
 DDP = "torch.nn.parallel.DistributedDataParallel"
@@ -47,9 +47,9 @@ class AccumulationWithoutNoSync(Rule):
         if any(a.target.endswith("require_backward_grad_sync") for a in self.model.assignments):
             return
         for backward in self.model.method_calls("backward"):
-            if not backward.loops:
+            loop = self.model.iteration(backward)
+            if loop is None:
                 continue
-            loop = backward.loops[-1]
             if any(self._without_accumulation(guard) for guard in backward.ctx.guards):
                 continue  # the `else:` of `if accumulation_steps > 1:`: one backward per step
             step, guard = self._conditional_step(backward, loop)
@@ -67,11 +67,11 @@ class AccumulationWithoutNoSync(Rule):
                 f"micro-batches that do not step under `with {forward.dotted}.no_sync():`.",
             )
 
-    def _conditional_step(self, backward: Call, loop: Loop) -> tuple[Optional[Call], Optional[Guard]]:
+    def _conditional_step(self, backward: Call, loop: Union[Loop, Function]) -> tuple[Optional[Call], Optional[Guard]]:
         """An `optimizer.step()` / `scaler.step(optimizer)` in the same loop iteration that runs only under
         an accumulation condition (`(i + 1) % accum_steps == 0`) which does not also guard the backward."""
         for call in self.model.method_calls("step"):
-            if call.function is not backward.function or not (loop.order < call.order < loop.end_order):
+            if call.function is not backward.function or not contains(loop, call.order):
                 continue
             if not self._is_optimizer_step(call):
                 continue
@@ -128,7 +128,7 @@ class AccumulationWithoutNoSync(Rule):
                 stack.append(child)
         return any("accum" in name.lower() for name in names_in(guard.test))
 
-    def _ddp_forward(self, loop: Loop) -> Optional[tuple[Call, Call]]:
+    def _ddp_forward(self, loop: Union[Loop, Function]) -> Optional[tuple[Call, Call]]:
         """A model called in the loop body (`model(x)`, `self.model(x)`, also in a helper called from
         the loop) and the DDP wrap it comes from."""
         for call in self.model.calls_within(loop, depth=1):
