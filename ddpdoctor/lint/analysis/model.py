@@ -79,6 +79,7 @@ class Function:
     end_order: int = 0
     parent: Optional["Function"] = None
     returns: list[Expr] = field(default_factory=list)
+    generator: bool = False  # it yields: its loops run as the caller draws from it
     calls: list["Call"] = field(default_factory=list)
 
 
@@ -444,6 +445,8 @@ class _Builder:
             # Calls in a lambda body are recorded in the enclosing context: good enough for rules.
             if isinstance(node, cst.Call):
                 self.record_call(node)
+            elif isinstance(node, cst.Yield) and self.function is not None:
+                self.function.generator = True
             pending.clear()
             for name in child_fields(type(node)):
                 value = getattr(node, name)
@@ -972,12 +975,40 @@ class ModuleModel:
         return [expr]
 
     def loop_sources(self, loop: Loop) -> list[Call]:
-        """The calls that may have produced what a for-loop iterates (through `enumerate`/`tqdm`,
-        variables, `self.` attributes, helper returns and parameters): e.g. the `DataLoader(...)`
-        call behind `for i, (x, y) in enumerate(train_loader):`. Empty for while-loops."""
+        """The calls that may have produced what a loop draws from (see `loop_draws`)."""
+        return [source for source, _ in self.loop_draws(loop)]
+
+    def loop_draws(self, loop: Loop) -> list[tuple[Call, cst.CSTNode]]:
+        """The calls that may have produced what a loop draws its items from, each with the node
+        where the loop takes them: the for-loop's iterable, through `enumerate`/`tqdm`/`iter`,
+        variables, `self.` attributes, helper returns and parameters (the `DataLoader(...)` behind
+        `for i, (x, y) in enumerate(train_loader):`); `progress = tqdm(loader)` then
+        `for x in progress:` (at the tqdm call); and `batches = iter(loader)` then `next(batches)`
+        in the loop body (at the iter call)."""
+        out: list[tuple[Call, cst.CSTNode]] = []
+        if loop.iter is not None:
+            for iterated in self.iterated_exprs(loop.iter):
+                for origin in self.origin_calls(iterated, loop.order, loop.function):
+                    out.append((origin, loop.iter))
+                    out.extend((source, origin.node) for source in self._unwrapped(origin))
+        for call in self.calls:
+            if call.dotted == "next" and call.name is None and call.loops and call.loops[-1] is loop and call.args:
+                for origin in self.origin_calls(call.args[0].value, call.order, call.function):
+                    out.extend((source, origin.node) for source in self._unwrapped(origin))
+        return out
+
+    def _unwrapped(self, wrapper: Call, depth: int = 0) -> list[Call]:
+        """What `iter(x)` / `tqdm(x)` / `enumerate(x)` draws from: the calls behind `x`."""
+        name = wrapper.name or wrapper.dotted or ""
+        if name.rsplit(".", 1)[-1] not in ITERATION_WRAPPERS or depth > MAX_DEPTH:
+            return []
+        first = wrapper.arg(0)
+        if first is None:
+            return []
         out: list[Call] = []
-        for iterated in self.iterated_exprs(loop.iter):
-            out.extend(self.origin_calls(iterated, loop.order, loop.function))
+        for origin in self.origin_calls(first, wrapper.order, wrapper.function):
+            out.append(origin)
+            out.extend(self._unwrapped(origin, depth + 1))
         return out
 
     def enclosing_loops(self, loop: Loop) -> list[Loop]:

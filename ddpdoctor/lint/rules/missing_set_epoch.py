@@ -50,8 +50,8 @@ class MissingSetEpoch(Rule):
             if not fed:
                 continue
             for inner in self.model.loops:
-                sources = [c for c in self.model.loop_sources(inner) if c.name == DATA_LOADER and c in fed]
-                if not sources or not self._trains(inner):
+                draws = [node for c, node in self.model.loop_draws(inner) if c.name == DATA_LOADER and c in fed]
+                if not draws or not self._trains(inner):
                     continue
                 for epoch_loop in self._epoch_loops(inner):
                     key = (id(sampler), id(epoch_loop))
@@ -65,7 +65,7 @@ class MissingSetEpoch(Rule):
                     reported.add(key)
                     name = self._name_of(sampler)
                     self.report(
-                        inner.iter if inner.iter is not None else inner.node,
+                        draws[0],
                         f"This training loader draws from the shuffling DistributedSampler `{name}` (line "
                         f"{self.line(sampler.node)}), but set_epoch is never called in the epoch loop (line "
                         f"{self.line(epoch_loop.node)}), so every epoch repeats the same order on every rank. "
@@ -117,7 +117,17 @@ class MissingSetEpoch(Rule):
     def _trains(self, inner: Loop) -> bool:
         """The loop over the loader trains: a `.backward()` runs in it, directly or in a helper. An
         evaluation loop's order does not matter, so its sampler needs no set_epoch."""
-        return any(c.attr == "backward" for c in self.model.calls_within(inner, depth=MAX_CALLERS))
+        if any(c.attr == "backward" for c in self.model.calls_within(inner, depth=MAX_CALLERS)):
+            return True
+        function = inner.function
+        if function is None or not function.generator:
+            return False
+        # A generator (`def cycle(loader): while True: yield from ...`) trains where it is drawn from.
+        return any(
+            site.function is not None
+            and any(c.attr == "backward" for c in self.model.calls_within(site.function, depth=MAX_CALLERS))
+            for site in self.model.callers(function)
+        )
 
     def _name_of(self, sampler: Call) -> str:
         for assignment in self.model.assignments:
