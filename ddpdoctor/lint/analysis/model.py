@@ -121,6 +121,10 @@ class Call:
     name: Optional[str]  # import-resolved qualified name of the callee, when it is an import
     dotted: Optional[str]  # the callee as written, e.g. "self.model.module"
     statement: cst.CSTNode
+    # What `**kwargs` carries, when the model could read it whole (a literal dict or `dict(...)`,
+    # then `.update(...)` and `kwargs["k"] = v`): keyword -> value. None when there is no `**` or it
+    # cannot be read.
+    star_keywords: Optional[dict[str, Expr]] = None
 
     @property
     def function(self) -> Optional[Function]:
@@ -149,7 +153,15 @@ class Call:
         return self.node.args
 
     def arg(self, position: Optional[int] = None, keyword: Optional[str] = None) -> Optional[Expr]:
-        """The expression passed at `position` (positional) or as `keyword=`."""
+        """The expression passed at `position` (positional) or as `keyword=`, also through a
+        `**kwargs` the model could read (`star_keywords`)."""
+        written = self.written_arg(position, keyword)
+        if written is None and keyword is not None and self.star_keywords is not None:
+            return self.star_keywords.get(keyword)
+        return written
+
+    def written_arg(self, position: Optional[int] = None, keyword: Optional[str] = None) -> Optional[Expr]:
+        """The expression written in the call itself at `position` or as `keyword=`."""
         if keyword is not None:
             for arg in self.node.args:
                 if arg.keyword is not None and arg.keyword.value == keyword:
@@ -161,7 +173,8 @@ class Call:
         return None
 
     def has_star_args(self) -> bool:
-        return any(a.star for a in self.node.args)
+        """`*args`, or a `**kwargs` whose content is not known: anything may arrive through it."""
+        return any(a.star == "*" or (a.star == "**" and self.star_keywords is None) for a in self.node.args)
 
 
 @dataclass(eq=False)
@@ -526,7 +539,44 @@ class ModuleModel:
                     if isinstance(small, (cst.Import, cst.ImportFrom)):
                         builder.small(small, statement)
         builder.block(module.body)
+        for call in model.calls:
+            if any(arg.star == "**" for arg in call.node.args):
+                call.star_keywords = model._star_keywords(call)
         return model
+
+    def _star_keywords(self, call: Call) -> Optional[dict[str, Expr]]:
+        """What `f(**name)` passes, when `name` is one literal dict / `dict(k=v)` built in the same
+        function and changed since only by `.update(k=v)` / `.update({...})` / `name["k"] = v`."""
+        out: dict[str, Expr] = {}
+        for arg in call.node.args:
+            if arg.star != "**":
+                continue
+            name = dotted_name(arg.value)
+            if name is None:
+                return None
+            found = self.reaching_assignments(name, call.order, call.function)
+            if len(found) != 1 or found[0].kind != "assign" or found[0].function is not call.function:
+                return None
+            built = found[0]
+            entries = _literal_keywords(built.value)
+            if entries is None:
+                return None
+            out.update(entries)
+            for update in self.method_calls("update"):
+                if dotted_name(update.receiver) == name and update.function is call.function and built.order < update.order < call.order:
+                    entries = {}
+                    for item in update.args:
+                        more = _literal_keywords(item.value) if item.keyword is None else {item.keyword.value: item.value}
+                        if more is None or item.star:
+                            return None
+                        entries.update(more)
+                    out.update(entries)
+            for store in self.subscript_stores:
+                if dotted_name(store.target) == name and store.ctx.function is call.function and built.order < store.order < call.order:
+                    if not isinstance(store.key, cst.SimpleString) or store.op is not None:
+                        return None
+                    out[str(store.key.evaluated_value)] = store.value
+        return out
 
     # ---- names
 
@@ -1076,6 +1126,25 @@ class ModuleModel:
 
     def code_of(self, node: cst.CSTNode) -> str:
         return self.module.code_for_node(node)
+
+
+def _literal_keywords(value: Optional[Expr]) -> Optional[dict[str, Expr]]:
+    """`{"k": v}` or `dict(k=v)` -> {"k": v}; None for anything else."""
+    if isinstance(value, cst.Dict):
+        out: dict[str, Expr] = {}
+        for element in value.elements:
+            if not isinstance(element, cst.DictElement) or not isinstance(element.key, cst.SimpleString):
+                return None
+            out[str(element.key.evaluated_value)] = element.value
+        return out
+    if isinstance(value, cst.Call) and dotted_name(value.func) == "dict":
+        out = {}
+        for arg in value.args:
+            if arg.keyword is None or arg.star:
+                return None
+            out[arg.keyword.value] = arg.value
+        return out
+    return None
 
 
 def _last_reaching(before: list[Assignment]) -> list[Assignment]:

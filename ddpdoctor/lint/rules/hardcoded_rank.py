@@ -69,8 +69,9 @@ class HardcodedRank(Rule):
                 world = self.world_size_description(call)
                 if world is None:
                     continue
+                written = call.written_arg(4, "rank") is not None
                 self.report(
-                    rank_expr,
+                    rank_expr if written else call.node,
                     f"init_process_group is given the literal rank={rank} while the world size {world}: "
                     f"every process claims rank {rank}, so the rendezvous hangs or fails. Pass each "
                     f"process's own rank (int(os.environ[\"RANK\"]) under torchrun, or the mp.spawn index).",
