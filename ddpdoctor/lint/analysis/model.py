@@ -27,13 +27,14 @@ costs ~0.05x. The rules need far less than full scope analysis, so we record jus
 from __future__ import annotations
 
 import itertools
+from pathlib import Path
 from dataclasses import dataclass, field
 from typing import Callable, Optional, Sequence, TypeVar, Union
 
 import libcst as cst
 from libcst.metadata import CodeRange, MetadataWrapper, PositionProvider
 
-from ddpdoctor.lint.analysis.imports import ProjectSources
+from ddpdoctor.lint.analysis.imports import MemoCycle, ProjectSources
 from ddpdoctor.lint.analysis.syntax import (
     UNKNOWN,
     Expr,
@@ -403,7 +404,18 @@ class _Builder:
                     self.model.imported_modules.add(full)
         elif isinstance(small, cst.ImportFrom):
             module = dotted_name(small.module) if small.module is not None else None
-            if module is None or small.relative or isinstance(small.names, cst.ImportStar):
+            level = len(small.relative)
+            if isinstance(small.names, cst.ImportStar):
+                self.model.star_imports.append((module, level))
+                return
+            if level:
+                for alias in small.names:
+                    name = dotted_name(alias.name)
+                    local = dotted_name(alias.asname.name) if alias.asname is not None else name
+                    if name is not None and local:
+                        self.model.relative_imports[local] = (module, level, name)
+                return
+            if module is None:
                 return
             for alias in small.names:
                 name = dotted_name(alias.name)
@@ -504,6 +516,12 @@ class ModuleModel:
         self.project = project  # the run's project modules; None for stdin and snippets
         self.world_size = world_size  # --world-size / config: the number of processes or GPUs
         self.imports: dict[str, str] = {}
+        # `from <module> import *`, in order: (module, number of leading dots).
+        self.star_imports: list[tuple[Optional[str], int]] = []
+        # `from .<module> import name [as local]`: local -> (module, level, name).
+        self.relative_imports: dict[str, tuple[Optional[str], int, str]] = {}
+        self._star_table: Optional[dict[str, str]] = None
+        self._star_fallback: Optional[str] = None
         self.imported_modules: set[str] = set()
         self.calls: list[Call] = []
         self.assignments: list[Assignment] = []
@@ -539,6 +557,10 @@ class ModuleModel:
                     if isinstance(small, (cst.Import, cst.ImportFrom)):
                         builder.small(small, statement)
         builder.block(module.body)
+        if model.star_imports:
+            # Names that arrive through a star import are known only now that local bindings are.
+            for call in model.calls:
+                call.name = model.qualify(call.node.func)
         for call in model.calls:
             if any(arg.star == "**" for arg in call.node.args):
                 call.star_keywords = model._star_keywords(call)
@@ -587,9 +609,36 @@ class ModuleModel:
             return None
         head, _, rest = name.partition(".")
         target = self.imports.get(head)
+        if target is None and self.star_imports:
+            target = self._through_star(head)
         if target is None:
             return None
         return canonical(f"{target}.{rest}" if rest else target)
+
+    def _through_star(self, head: str) -> Optional[str]:
+        """What a name not bound here means when star imports may have brought it: the import it
+        is in a project module imported with `*` (`from common import *` where common.py does
+        `import torch.distributed as dist`), else a name of the torch module imported with `*`."""
+        if head in self._assignments_by_target or any(f.name == head and f.parent is None for f in self.functions):
+            return None
+        if self._star_table is None:
+            self._star_table = {}
+            for module, level in self.star_imports:
+                path = self.project.resolve(Path(self.path), module, level) if self.project is not None else None
+                if path is not None:
+                    project = self.project
+                    assert project is not None
+                    try:
+                        table = project.memo(("import-table", path), lambda: _import_table(project.parse(path)))
+                    except (MemoCycle, RecursionError):
+                        table = {}
+                    self._star_table.update(table)
+                elif level == 0 and module is not None and (module == "torch" or module.startswith("torch.")):
+                    self._star_fallback = module
+        target = self._star_table.get(head)
+        if target is None and self._star_fallback is not None:
+            return f"{self._star_fallback}.{head}"
+        return target
 
     def uses_module(self, prefix: str) -> bool:
         return any(v == prefix or v.startswith(prefix + ".") for v in self.imports.values()) or any(
@@ -1126,6 +1175,23 @@ class ModuleModel:
 
     def code_of(self, node: cst.CSTNode) -> str:
         return self.module.code_for_node(node)
+
+
+def _import_table(tree: Optional[cst.Module]) -> dict[str, str]:
+    """The top-level imports of a module (local name -> qualified name): what `from it import *`
+    hands on of them."""
+    if tree is None:
+        return {}
+    model = ModuleModel(tree)
+    builder = _Builder(model)
+    for statement in tree.body:
+        if isinstance(statement, cst.SimpleStatementLine):
+            for small in statement.body:
+                if isinstance(small, cst.Import):
+                    builder.small(small, statement)
+                elif isinstance(small, cst.ImportFrom) and not isinstance(small.names, cst.ImportStar):
+                    builder.small(small, statement)
+    return {name: target for name, target in model.imports.items() if not name.startswith("_")}
 
 
 def _literal_keywords(value: Optional[Expr]) -> Optional[dict[str, Expr]]:
