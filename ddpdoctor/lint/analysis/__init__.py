@@ -19,7 +19,7 @@ from typing import Optional
 
 import libcst as cst
 
-from ddpdoctor.lint.analysis import devices, harness, launch, ranks, syntax
+from ddpdoctor.lint.analysis import devices, harness, launch, ranks, summaries, syntax
 from ddpdoctor.lint.analysis.imports import ProjectSources
 from ddpdoctor.lint.analysis.model import (
     MAX_DEPTH,
@@ -39,7 +39,7 @@ from ddpdoctor.lint.analysis.syntax import UNKNOWN, Expr, contains, dotted_name,
 __all__ = [
     "MAX_DEPTH", "UNKNOWN", "Assignment", "Call", "Context", "Expr", "Function", "Guard", "Loop",
     "ModuleModel", "ProjectSources", "Route", "Runs", "SubscriptStore", "WhoRuns", "build_analysis", "contains", "devices",
-    "dotted_name", "harness", "launch", "names_in", "ranks", "syntax", "route_runs", "walk", "who_runs",
+    "dotted_name", "harness", "launch", "names_in", "ranks", "syntax", "route_runs", "summaries", "walk", "who_runs",
 ]
 
 

@@ -1162,6 +1162,67 @@ class ModuleModel:
                 return True
         return False
 
+    # ---- the project's other modules
+
+    def linked_function(self, call: Call) -> Optional[tuple["ModuleModel", Function]]:
+        """The function of another project module that `call` invokes, with that module's model:
+        `save_checkpoint(...)` after `from utils.checkpoint import save_checkpoint` (or a relative
+        import, or a `src/` layout), `data.start_epoch(...)` after `import data`. None without a
+        project, for anything that is not a project module's top-level function, and for a module
+        that cannot be read or parsed."""
+        if self.project is None:
+            return None
+        key = ("linked", id(call))
+        found = self.memoized(key, lambda: self._linked_function(call), None)
+        return found
+
+    def _linked_function(self, call: Call) -> Optional[tuple["ModuleModel", Function]]:
+        written = dotted_name(call.node.func)
+        if written is None or self.project is None:
+            return None
+        head, _, rest = written.partition(".")
+        candidates: list[tuple[Optional[str], int, str]] = []  # (module, level, function name)
+        relative = self.relative_imports.get(head)
+        if relative is not None:
+            module, level, name = relative
+            if not rest:
+                candidates.append((module, level, name))
+            elif "." not in rest:  # `from . import data` then `data.start_epoch()`
+                candidates.append((f"{module}.{name}" if module else name, level, rest))
+        else:
+            qualified = self.imports.get(head)
+            if qualified is not None and not qualified.startswith("torch"):
+                full = f"{qualified}.{rest}" if rest else qualified
+                module, _, name = full.rpartition(".")
+                if module:
+                    candidates.append((module, 0, name))
+        for module, level, name in candidates:
+            path = self.project.resolve(Path(self.path), module, level)
+            if path is None:
+                continue
+            other = self.project_model(path)
+            if other is None:
+                continue
+            for function in other.functions:
+                if function.name == name and function.parent is None and function.klass is None:
+                    return other, function
+        return None
+
+    def project_model(self, path: Path) -> Optional["ModuleModel"]:
+        """The model of another project module, built once per run."""
+        project = self.project
+        if project is None:
+            return None
+
+        def build() -> Optional["ModuleModel"]:
+            tree = project.parse(path)
+            return None if tree is None else ModuleModel.build(tree, str(path), self.world_size, project)
+
+        try:
+            return project.memo(("model", path), build)
+        except (MemoCycle, RecursionError):
+            return None
+
     # ---- positions (lazy)
 
     def position(self, node: cst.CSTNode) -> CodeRange:

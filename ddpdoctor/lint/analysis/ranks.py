@@ -449,7 +449,7 @@ def _memo_who_runs(model: ModuleModel, item: _Located) -> Optional[WhoRuns]:
 
 
 def _who_runs(model: ModuleModel, item: _Located) -> WhoRuns:
-    decided = _decided_by_guards(model, item.ctx.guards)
+    decided = decided_by_guards(model, item.ctx.guards)
     if decided is not None:
         return decided
     function = item.function
@@ -478,7 +478,7 @@ def _who_runs(model: ModuleModel, item: _Located) -> WhoRuns:
     return WhoRuns(runs, answer.guard, site)
 
 
-def _decided_by_guards(model: ModuleModel, guards: Sequence[Guard]) -> Optional[WhoRuns]:
+def decided_by_guards(model: ModuleModel, guards: Sequence[Guard]) -> Optional[WhoRuns]:
     """A single-process condition anywhere around wins (that code never runs in the distributed
     job); otherwise the innermost rank condition."""
     for guard in guards:

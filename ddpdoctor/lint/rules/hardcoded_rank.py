@@ -6,7 +6,7 @@ from typing import Optional
 
 import libcst as cst
 
-from ddpdoctor.lint.analysis import devices, launch, ranks
+from ddpdoctor.lint.analysis import devices, launch
 from ddpdoctor.lint.analysis import Call, ModuleModel, Runs, route_runs, who_runs
 from ddpdoctor.lint.rules.base import Rule
 
@@ -57,15 +57,17 @@ class HardcodedRank(Rule):
             rank_expr = call.arg(4, "rank")
             if rank_expr is None or who_runs(model, call).runs in (Runs.RANK0, Runs.SINGLE):
                 continue  # `if is_master: init_process_group(..., rank=0)` is right
-            ranks: set[int] = set()
-            for value, _, _ in model.leaf_values(rank_expr, call.order, call.function):
-                if not isinstance(value, cst.Integer):
+            literals: set[int] = set()
+            for route in model.routes(rank_expr, call.order, call.function):
+                if route_runs(model, route, call) in (Runs.RANK0, Runs.SINGLE):
+                    continue  # `rank=0` passed only on the single-process path
+                if not isinstance(route.value, cst.Integer):
                     break
-                ranks.add(int(value.evaluated_value))
+                literals.add(int(route.value.evaluated_value))
             else:
-                if len(ranks) != 1:
+                if len(literals) != 1:
                     continue
-                rank = ranks.pop()
+                rank = literals.pop()
                 world = self.world_size_description(call)
                 if world is None:
                     continue
