@@ -27,6 +27,7 @@ costs ~0.05x. The rules need far less than full scope analysis, so we record jus
 from __future__ import annotations
 
 import itertools
+import os.path
 from pathlib import Path
 from dataclasses import dataclass, field
 from typing import Callable, Optional, Sequence, TypeVar, Union
@@ -1222,6 +1223,14 @@ class ModuleModel:
             return project.memo(("model", path), build)
         except (MemoCycle, RecursionError):
             return None
+
+    @property
+    def shown_path(self) -> str:
+        """The module's path as a message names it: relative to the working directory."""
+        try:
+            return os.path.relpath(self.path)
+        except ValueError:  # another drive
+            return self.path
 
     # ---- positions (lazy)
 

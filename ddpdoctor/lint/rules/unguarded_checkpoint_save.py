@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import os.path
-
 from ddpdoctor.lint.analysis import Call, Runs, launch, summaries, who_runs
 from ddpdoctor.lint.rules.base import Rule
 
@@ -82,15 +80,9 @@ class UnguardedCheckpointSave(Rule):
             written = call.dotted or helper.name
             self.report(
                 call.node,
-                f"{written}() runs torch.save ({_shown_path(other.path)} line {other.line_of(save.node)}) and is "
+                f"{written}() runs torch.save ({other.shown_path} line {other.line_of(save.node)}) and is "
                 f"called here on every rank of this distributed script ({what} at line "
                 f"{self.line(setup_call.node)}): all processes write the same checkpoint file at once, which "
                 f"can leave it truncated or corrupt. Call it only on the main process ({check}).",
             )
 
-
-def _shown_path(path: str) -> str:
-    try:
-        return os.path.relpath(path)
-    except ValueError:
-        return path
