@@ -187,6 +187,8 @@ class Assignment:
     order: int
     ctx: Context
     node: cst.CSTNode
+    # `a, b = f()`: the unpacked expression and this target's position in it.
+    unpacked: Optional[tuple[Expr, int]] = None
 
     @property
     def function(self) -> Optional[Function]:
@@ -428,16 +430,25 @@ class _Builder:
         else:
             self.expr(small)
 
-    def bind_target(self, target: cst.CSTNode, value: Optional[Expr], kind: str, node: cst.CSTNode) -> list[str]:
+    def bind_target(
+        self,
+        target: cst.CSTNode,
+        value: Optional[Expr],
+        kind: str,
+        node: cst.CSTNode,
+        unpacked: Optional[tuple[Expr, int]] = None,
+    ) -> list[str]:
         if isinstance(target, (cst.Tuple, cst.List)):
             names: list[str] = []
             values: Optional[Sequence[Expr]] = None
             if isinstance(value, (cst.Tuple, cst.List)) and len(value.elements) == len(target.elements):
                 values = [el.value for el in value.elements]
+            flat = not any(isinstance(e, cst.StarredElement) for e in target.elements)
             for index, element in enumerate(target.elements):
                 inner_value = values[index] if values is not None else None
                 inner_kind = kind if values is not None else ("unpack" if kind == "assign" else kind)
-                names.extend(self.bind_target(element.value, inner_value, inner_kind, node))
+                source = (value, index) if values is None and value is not None and kind == "assign" and flat else None
+                names.extend(self.bind_target(element.value, inner_value, inner_kind, node, source))
             return names
         if isinstance(target, cst.StarredElement):
             return self.bind_target(target.value, None, "unpack", node)
@@ -450,7 +461,7 @@ class _Builder:
         if name is None:
             self.expr(target)
             return []
-        self.model._add_assignment(Assignment(name, value, kind, next(self.counter), self.context(), node))
+        self.model._add_assignment(Assignment(name, value, kind, next(self.counter), self.context(), node, unpacked))
         return [name]
 
     def record_subscript_store(self, target: cst.Subscript, value: Expr, op: Optional[str]) -> None:
@@ -767,6 +778,32 @@ class ModuleModel:
             if assignment.kind == "param" and assignment.function is not None:
                 out.extend(self.argument_values(assignment.function, name))
         return out
+
+    def unpacked_from(self, expr: Expr, order: int, function: Optional[Function]) -> list[tuple[Call, int]]:
+        """`rank, world = setup()`: for `rank`, [(the setup() call, 0)] when every assignment that
+        reaches here unpacks a call; else []."""
+        name = dotted_name(expr)
+        if name is None:
+            return []
+        out: list[tuple[Call, int]] = []
+        for assignment in self.reaching_assignments(name, order, function):
+            if assignment.unpacked is None:
+                return []
+            source, index = assignment.unpacked
+            call = self.call_of(source)
+            if call is None:
+                return []
+            out.append((call, index))
+        return out
+
+    def returned_functions(self, call: Call) -> list[tuple["ModuleModel", Function]]:
+        """The functions whose `return`s a call's value comes from: this module's own, or another
+        project module's."""
+        local = [(self, fn) for fn in self.resolve_local_function(call)]
+        if local:
+            return local
+        linked = self.linked_function(call)
+        return [linked] if linked is not None else []
 
     def argument_values(self, function: Function, param: str) -> list[Expr]:
         """The expressions passed for `param` at this module's call sites of `function`."""

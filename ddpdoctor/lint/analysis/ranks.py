@@ -149,7 +149,34 @@ def _rank(
         return None
     kinds: set[Optional[str]] = set()
     for value, v_order, v_function in model.leaf_values(expr, order, function):
-        kinds.add(None if value is expr else recurse(model, value, v_order, v_function, depth + 1))
+        if value is expr:
+            kinds.add(_unpacked_rank(model, expr, v_order, v_function, depth, recurse))
+        else:
+            kinds.add(recurse(model, value, v_order, v_function, depth + 1))
+    return kinds.pop() if len(kinds) == 1 else None
+
+
+def _unpacked_rank(
+    model: ModuleModel,
+    expr: cst.BaseExpression,
+    order: int,
+    function: Optional[Function],
+    depth: int,
+    recurse: "Callable[..., Optional[str]]",
+) -> Optional[str]:
+    """`rank, world_size = setup()`: the kind of what `setup` returns in that position, through
+    this module's functions or another project module's (`return int(os.environ["RANK"]), ...`)."""
+    kinds: set[Optional[str]] = set()
+    for call, index in model.unpacked_from(expr, order, function):
+        found = model.returned_functions(call)
+        if not found:
+            return None
+        for owner, helper in found:
+            for returned in helper.returns:
+                if not isinstance(returned, cst.Tuple) or len(returned.elements) <= index:
+                    return None
+                element = returned.elements[index].value
+                kinds.add(recurse(owner, element, helper.end_order, helper, depth + 1))
     return kinds.pop() if len(kinds) == 1 else None
 
 
