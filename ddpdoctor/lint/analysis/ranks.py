@@ -264,6 +264,14 @@ def is_single_process_test(model: ModuleModel, test: cst.BaseExpression, negated
             return any(is_single_process_test(model, side, False) for side in (test.left, test.right))
         if isinstance(test.operator, cst.Or) and negated:
             return any(is_single_process_test(model, side, True) for side in (test.left, test.right))
+        if isinstance(test.operator, cst.Or) and not negated:
+            # The Hugging Face idiom `if args.local_rank == -1 or args.no_cuda:`: one process, or a
+            # run without GPUs, where the distributed choices rules look at (devices, saving from
+            # one process of a node) do not arise. Every operand must be one of the two.
+            operands = flatten_boolean(test)
+            return any(is_single_process_test(model, op) for op in operands) and all(
+                is_single_process_test(model, op) or _is_no_gpu_test(model, op) for op in operands
+            )
         return False
     if isinstance(test, cst.Call):
         callee = model.qualify(test.func) or dotted_name(test.func) or ""
@@ -296,6 +304,18 @@ def is_single_process_test(model: ModuleModel, test: cst.BaseExpression, negated
             isinstance(operator, cst.LessThan) and value == 2
         )
     return False
+
+
+_NO_GPU_FLAGS = frozenset({"no_cuda", "cpu", "use_cpu", "cpu_only", "force_cpu"})
+
+
+def _is_no_gpu_test(model: ModuleModel, test: cst.BaseExpression) -> bool:
+    """`args.no_cuda`, `args.cpu`, `not torch.cuda.is_available()`: the run has no GPU."""
+    if isinstance(test, cst.UnaryOperation) and isinstance(test.operator, cst.Not):
+        inner = test.expression
+        return isinstance(inner, cst.Call) and model.qualify(inner.func) == "torch.cuda.is_available"
+    name = dotted_name(test)
+    return name is not None and last_segment(name).lower() in _NO_GPU_FLAGS
 
 
 def classify_rank_test(
