@@ -88,6 +88,11 @@ class AccumulationWithoutNoSync(Rule):
         (`train_one_epoch(model, loader, optimizer, accum_steps=8)`): reported at the call, where
         both halves are known."""
         for call in self.model.calls:
+            # Cheap test first (linking reads and parses the other module): a DDP model is passed.
+            if not any(
+                o.name == DDP for a in call.args for o in self.model.origin_calls(a.value, call.order, call.function)
+            ):
+                continue
             linked = self.model.linked_function(call)
             if linked is None:
                 continue

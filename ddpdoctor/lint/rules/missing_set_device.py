@@ -66,8 +66,11 @@ class MissingSetDevice(Rule):
         helpers: list[tuple[Call, str]] = []
         pinned = False
         for call in self.model.calls:
+            # Cheap tests first: linking reads and parses the other module.
+            if (call.name or "").startswith("torch.") or not launch.runs_in_module(self.model, call.function):
+                continue
             linked = self.model.linked_function(call)
-            if linked is None or not launch.runs_in_module(self.model, call.function):
+            if linked is None:
                 continue
             other, function = linked
             if devices.device_pin_calls(other, function):

@@ -83,7 +83,10 @@ class MissingSetEpoch(Rule):
             if draws and self._trains(inner):
                 out.append((draws[0], self._epoch_loops(inner)))
         for call in self.model.calls:
-            if not call.loops:
+            # Cheap tests first (linking reads and parses the other module): in a loop, given a loader.
+            if not call.loops or not any(
+                o in fed for a in call.args for o in self.model.origin_calls(a.value, call.order, call.function)
+            ):
                 continue
             linked = self.model.linked_function(call)
             if linked is None:
@@ -101,6 +104,10 @@ class MissingSetEpoch(Rule):
     def _helper_sets_epoch(self, call: Call, sampler: Call, fed: list[Call]) -> bool:
         """A call of another project module's function that calls set_epoch on the loader or the
         sampler passed to it (`data.start_epoch(loader, epoch)`)."""
+        if not any(
+            o is sampler or o in fed for a in call.args for o in self.model.origin_calls(a.value, call.order, call.function)
+        ):
+            return False  # cheap test first: linking reads and parses the other module
         linked = self.model.linked_function(call)
         if linked is None:
             return False

@@ -63,14 +63,17 @@ class UnguardedCheckpointSave(Rule):
         """A helper of another project module that saves on whichever ranks call it, called here
         on every rank (the helper's own file cannot know its callers, so it is reported here)."""
         for call in self.model.calls:
-            if call.name == SAVE:
+            # Cheap tests first: linking reads and parses the other module.
+            if call.name is not None and call.name.startswith("torch."):
+                continue
+            if who_runs(self.model, call).runs is not Runs.ALL:
                 continue
             linked = self.model.linked_function(call)
             if linked is None:
                 continue
             other, helper = linked
             found = summaries.unguarded_save(other, helper)
-            if found is None or who_runs(self.model, call).runs is not Runs.ALL:
+            if found is None:
                 continue
             save, path_param = found
             if path_param is not None:
