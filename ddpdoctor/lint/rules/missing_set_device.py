@@ -36,10 +36,12 @@ class MissingSetDevice(Rule):
             call for call in model.calls_named(launch.INIT_PROCESS_GROUP)
             if self.is_nccl(call) and launch.runs_in_module(model, call.function) and not harness.in_test_case(call)
         ]
-        helpers, pinned_by_helper = self.project_helpers()
-        if not inits and not helpers:
+        if devices.device_pin_calls(model) or devices.visible_devices_writes(model):
             return
-        if devices.device_pin_calls(model) or devices.visible_devices_writes(model) or pinned_by_helper:
+        if not inits and not model.calls_named(launch.DDP_CLASS):
+            return  # a group created by a project helper matters in a script that then wraps in DDP
+        helpers, pinned_by_helper = self.project_helpers()
+        if (not inits and not helpers) or pinned_by_helper:
             return
         for call, where in helpers:
             self.report(
