@@ -101,19 +101,21 @@ def test_ddp003_cuda_if_available_else_cpu_is_still_hardcoded() -> None:
     assert "init_process_group at line" in found[0].message
 
 
-def test_ddp003_reports_every_use_of_a_literal() -> None:
-    # Every sink, not only the first: fixing one `.to(device)` must not unveil the next.
+def test_ddp003_reports_a_shared_literal_once_and_each_inline_literal() -> None:
+    # A literal defined once is one fix (at its line); literals written at each use are each a fix.
     found = findings(
         """
         dist.init_process_group("nccl")
         device = "cuda:0"
         x = x.to(device)
         y = y.to(device)
+        z = z.to("cuda:1")
+        w = w.cuda(0)
         """,
         "DDP003",
     )
-    assert [f.line for f in found] == [10, 11]  # after the 7-line header
-    assert all("(set at line 9)" in f.message for f in found)
+    assert [f.line for f in found] == [10, 12, 13]  # after the 7-line header
+    assert "(set at line 9)" in found[0].message
 
 
 @pytest.mark.parametrize(

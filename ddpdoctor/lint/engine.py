@@ -147,9 +147,8 @@ def lint_text(
 def _analyse(
     module: cst.Module, path: str, world_size: Optional[int], project: Optional[ProjectSources]
 ) -> ModuleModel:
-    """The one call into the analysis layer (the seam the project-wide tests observe). The project
-    is not passed on yet: build_analysis does not follow imports (issue 10)."""
-    return build_analysis(module, path, world_size=world_size)
+    """The one call into the analysis layer (the seam the project-wide tests observe)."""
+    return build_analysis(module, path, world_size=world_size, project=project)
 
 
 def _syntax_error_finding(text: str, path: str, error: cst.ParserSyntaxError) -> Finding:

@@ -34,14 +34,15 @@ _CUDA_PERCENT = re.compile(r"^cuda:%[dis]$")
 VISIBLE_DEVICES_KEYS = frozenset({"CUDA_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES", "NVIDIA_VISIBLE_DEVICES"})
 
 
-def device_pin_calls(model: ModuleModel) -> list[Call]:
+def device_pin_calls(model: ModuleModel, within: Optional[Function] = None) -> list[Call]:
     """Calls that pin this process's device: `torch.cuda.set_device(x)`, `with torch.cuda.device(x)`,
     `torch.accelerator.set_device_index(x)`, `init_process_group(..., device_id=x)`,
     `dist.barrier(device_ids=[x])`, or a helper whose name says it does (`utils.set_device(...)`,
-    `init_distributed_device(args)`); only where they run (not in a helper nothing here calls)."""
+    `init_distributed_device(args)`); only where they run (not in a helper nothing here calls).
+    With `within`, the calls in that function's body (it is called from another module)."""
     out: list[Call] = []
-    for call in model.calls:
-        if not runs_in_module(model, call.function):
+    for call in model.calls if within is None else within.calls:
+        if within is None and not runs_in_module(model, call.function):
             continue  # a `def set_device(...)` helper that nothing here calls pins nothing
         if call.name in DEVICE_PIN_CALLS:
             out.append(call)

@@ -6,7 +6,7 @@ from typing import Optional
 
 import libcst as cst
 
-from ddpdoctor.lint.analysis import devices, launch, ranks
+from ddpdoctor.lint.analysis import devices, launch
 from ddpdoctor.lint.analysis import Call, ModuleModel, Runs, route_runs, who_runs
 from ddpdoctor.lint.rules.base import Rule
 
@@ -57,20 +57,23 @@ class HardcodedRank(Rule):
             rank_expr = call.arg(4, "rank")
             if rank_expr is None or who_runs(model, call).runs in (Runs.RANK0, Runs.SINGLE):
                 continue  # `if is_master: init_process_group(..., rank=0)` is right
-            ranks: set[int] = set()
-            for value, _, _ in model.leaf_values(rank_expr, call.order, call.function):
-                if not isinstance(value, cst.Integer):
+            literals: set[int] = set()
+            for route in model.routes(rank_expr, call.order, call.function):
+                if route_runs(model, route, call) in (Runs.RANK0, Runs.SINGLE):
+                    continue  # `rank=0` passed only on the single-process path
+                if not isinstance(route.value, cst.Integer):
                     break
-                ranks.add(int(value.evaluated_value))
+                literals.add(int(route.value.evaluated_value))
             else:
-                if len(ranks) != 1:
+                if len(literals) != 1:
                     continue
-                rank = ranks.pop()
+                rank = literals.pop()
                 world = self.world_size_description(call)
                 if world is None:
                     continue
+                written = call.written_arg(4, "rank") is not None
                 self.report(
-                    rank_expr,
+                    rank_expr if written else call.node,
                     f"init_process_group is given the literal rank={rank} while the world size {world}: "
                     f"every process claims rank {rank}, so the rendezvous hangs or fails. Pass each "
                     f"process's own rank (int(os.environ[\"RANK\"]) under torchrun, or the mp.spawn index).",
@@ -103,6 +106,10 @@ class HardcodedRank(Rule):
 
     def check_devices(self, evidence: Call) -> None:
         model = self.model
+        # One report per hard-coded literal: `device = "cuda:0"` used by five `.to(device)` calls is
+        # one fix, at the literal (the message names its line). Literals written at each use are
+        # each their own fix, and each is reported.
+        reported: set[int] = set()
         for argument in devices.device_arguments(model):
             call = argument.call
             indices = devices.device_indices(model, argument.expr, call.order, call.function, argument.ints)
@@ -110,10 +117,11 @@ class HardcodedRank(Rule):
             # in the single-process `else:` (or a call site under rank 0) is not a multi-process bug.
             live = [i for i in indices if route_runs(model, i.via, call) not in (Runs.RANK0, Runs.SINGLE)]
             literals = [i for i in live if i.kind == "literal"]
-            if not literals:
+            if not literals or any(id(i.node) in reported for i in literals):
                 continue
             if any(i.kind != "literal" and not _names_no_gpu(i.node) for i in live):
                 continue  # some value is computed (or unknown): the literal may be the single-GPU case
+            reported.update(id(i.node) for i in literals)
             literal = literals[0]
             shown = model.code_of(literal.node)
             origin = ""

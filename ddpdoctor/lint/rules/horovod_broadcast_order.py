@@ -46,10 +46,12 @@ def first_scope_assignments(model: ModuleModel, target: str, call: Call) -> Opti
 class HorovodBroadcastOrder(Rule):
     """
     Valid:
+        hvd.init()
         optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters())
         hvd.broadcast_parameters(model.state_dict(), root_rank=0)
         hvd.broadcast_optimizer_state(optimizer, root_rank=0)
     Invalid:
+        hvd.init()
         optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters())
         hvd.broadcast_optimizer_state(optimizer, root_rank=0)
     """

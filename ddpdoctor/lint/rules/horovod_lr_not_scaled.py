@@ -49,10 +49,10 @@ def mentions_size(model: ModuleModel, node: Optional[cst.CSTNode], order: int, f
 class HorovodLrNotScaled(Rule):
     """
     Valid:
-        optimizer = optim.SGD(model.parameters(), lr=args.lr * hvd.size())
+        optimizer = optim.SGD(model.parameters(), lr=0.01 * hvd.size())
         optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters())
     Invalid:
-        optimizer = optim.SGD(model.parameters(), lr=args.lr)
+        optimizer = optim.SGD(model.parameters(), lr=0.01)
         optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters())
     """
 

@@ -25,7 +25,8 @@ class MissingSetDevice(Rule):
 
     code = "DDP011"
     checks_test_suites = False
-    trigger_words = ("nccl", "NCCL")
+    # "distributed": the NCCL group may be created by a project helper (`init_distributed()`).
+    trigger_words = ("nccl", "NCCL", "distributed")
 
     def check(self) -> None:
         model = self.model
@@ -35,10 +36,21 @@ class MissingSetDevice(Rule):
             call for call in model.calls_named(launch.INIT_PROCESS_GROUP)
             if self.is_nccl(call) and launch.runs_in_module(model, call.function) and not harness.in_test_case(call)
         ]
-        if not inits:
-            return
         if devices.device_pin_calls(model) or devices.visible_devices_writes(model):
             return
+        if not inits and not model.calls_named(launch.DDP_CLASS):
+            return  # a group created by a project helper matters in a script that then wraps in DDP
+        helpers, pinned_by_helper = self.project_helpers()
+        if (not inits and not helpers) or pinned_by_helper:
+            return
+        for call, where in helpers:
+            self.report(
+                call.node,
+                f"{call.dotted}() initialises an NCCL process group ({where}) but neither it nor this script "
+                "pins the GPU (no torch.cuda.set_device, torch.cuda.device or device_id=): whatever does not "
+                "name a device (bare .cuda(), object collectives) lands on GPU 0 in every rank, and barrier() "
+                "has to guess the GPU, which can hang. Call torch.cuda.set_device(local_rank) before it.",
+            )
         for call in inits:
             self.report(
                 call.node,
@@ -48,6 +60,30 @@ class MissingSetDevice(Rule):
                 "guess the GPU, which can hang. Call torch.cuda.set_device(local_rank) before "
                 "init_process_group, or pass device_id=torch.device(\"cuda\", local_rank).",
             )
+
+    def project_helpers(self) -> tuple[list[tuple[Call, str]], bool]:
+        """Calls here of another project module's functions that create an NCCL group without
+        pinning the GPU (each with where the group is created), and whether some called project
+        function pins it."""
+        helpers: list[tuple[Call, str]] = []
+        pinned = False
+        for call in self.model.calls:
+            # Cheap tests first: linking reads and parses the other module.
+            if (call.name or "").startswith("torch.") or not launch.runs_in_module(self.model, call.function):
+                continue
+            linked = self.model.linked_function(call)
+            if linked is None:
+                continue
+            other, function = linked
+            if devices.device_pin_calls(other, function):
+                pinned = True
+                continue
+            judge = type(self)(other)
+            for init in function.calls:
+                if init.name == launch.INIT_PROCESS_GROUP and judge.is_nccl(init):
+                    helpers.append((call, f"{other.shown_path} line {other.line_of(init.node)}"))
+                    break
+        return helpers, pinned
 
     def is_nccl(self, call: Call) -> bool:
         """The backend is NCCL as far as the module can tell; unknown backends are not."""
