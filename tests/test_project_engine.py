@@ -18,15 +18,23 @@ from ddpdoctor.lint import engine
 from ddpdoctor.lint.analysis.imports import ProjectSources
 from ddpdoctor.lint.engine import lint_paths
 
-SCRIPT = """import torch
+SCRIPT = """import os
+
+import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 {imports}
 
+
 def main():
     dist.init_process_group("nccl")
+    torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
     model = DDP(torch.nn.Linear(2, 2).cuda())
     save_checkpoint(model.state_dict(), "last.pt")
+
+
+if __name__ == "__main__":
+    main()
 """
 HELPER = """import torch
 import torch.distributed as dist
@@ -203,3 +211,29 @@ def test_worker_processes_record_dependencies_too(tmp_path: Path, projects: list
     assert all(r.cached for r in run().files)
     (tmp_path / "helpers.py").write_text(HELPER.format(body="return None"))
     assert not any(r.cached for r in run().files)
+
+
+def test_real_analysis_cached_finding_follows_an_edit_of_the_imported_helper(tmp_path: Path) -> None:
+    """End to end, no stand-in: the unguarded call is reported in main.py; guarding the save inside
+    utils/checkpoint.py clears it on the next (cached) run, and unguarding brings it back."""
+    unguarded = HELPER.format(body="torch.save(state, path)")
+    guarded = HELPER.format(body="if dist.get_rank() == 0:\n        torch.save(state, path)")
+    write(
+        tmp_path,
+        {
+            "main.py": SCRIPT.format(imports="from utils.checkpoint import save_checkpoint"),
+            "utils/__init__.py": "",
+            "utils/checkpoint.py": unguarded,
+        },
+    )
+    main = tmp_path / "main.py"
+
+    def findings() -> list[tuple[str, int, str]]:
+        run = lint([main], tmp_path)
+        return [(Path(f.path).name, f.line, f.code) for f in run.findings if f.code == "DDP008"]
+
+    assert findings() == [("main.py", 13, "DDP008")]
+    (tmp_path / "utils/checkpoint.py").write_text(guarded)
+    assert findings() == []
+    (tmp_path / "utils/checkpoint.py").write_text(unguarded)
+    assert findings() == [("main.py", 13, "DDP008")]
