@@ -314,3 +314,20 @@ def test_imports_in_every_kind_of_block_are_found(tmp_path: Path) -> None:
     )
     project = ProjectSources([tmp_path])
     assert project.imported_modules(tmp_path / "main.py") == [tmp_path / f"{n}.py" for n in names]
+
+
+@pytest.mark.parametrize("marker", ["setup.py", "setup.cfg", ".git"])
+def test_project_top_from_setup_files_or_the_repository(tmp_path: Path, marker: str) -> None:
+    """guided-diffusion style: scripts/train.py imports the package beside scripts/, installed with
+    `pip install -e .` from a setup.py (or a checkout's top, marked by .git)."""
+    write(tmp_path, {"lib/__init__.py": "", "lib/dist.py": "", "scripts/train.py": "from lib import dist\n"})
+    (tmp_path / marker).mkdir() if marker == ".git" else (tmp_path / marker).write_text("")
+    script = tmp_path / "scripts/train.py"
+    project = ProjectSources.for_paths([script])
+    assert project.resolve(script, "lib.dist", 0) == tmp_path / "lib/dist.py"
+
+
+def test_no_project_marker_means_no_extra_root(tmp_path: Path) -> None:
+    write(tmp_path / "a", {"lib/__init__.py": "", "lib/dist.py": "", "scripts/train.py": ""})
+    script = tmp_path / "a/scripts/train.py"
+    assert ProjectSources.for_paths([script]).resolve(script, "lib.dist", 0) is None

@@ -6,8 +6,9 @@ one file of a thousand-file project reads that file's imports, not the project.
 
 Resolution follows Python's own rules where they are decidable without running anything: relative
 imports by level; absolute imports against the importer's package root, the importer's folder (a
-script's `sys.path[0]`), the linted folder, the folder of the nearest `pyproject.toml` and its `src/`;
-a regular package (`pkg/__init__.py`) before a module (`pkg.py`) before a namespace folder. It stops
+script's `sys.path[0]`), the linted folder, the project's top (the nearest `pyproject.toml`,
+`setup.py` or `setup.cfg`, else the repository's top) and its `src/`; a regular package
+(`pkg/__init__.py`) before a module (`pkg.py`) before a namespace folder. It stops
 where the answer depends on the run: `sys.path` edits, installed packages, import hooks. A module
 that cannot be found is simply not a project module (None), never an error.
 
@@ -33,7 +34,7 @@ T = TypeVar("T")
 # Larger files are generated code (vendored tables, exported graphs), not training logic; parsing
 # one would cost more than the whole lint of a typical project.
 MAX_BYTES = 2 * 1024 * 1024
-# How far up to look for a pyproject.toml or a package's top.
+# How far up to look for a project's or a package's top.
 MAX_WALK_UP = 32
 # Parsed modules kept at once. A libcst tree takes ~20x its source in memory, and a run over a large
 # tree provides every linted module: unbounded, 10,000 files would hold gigabytes. Past the bound the
@@ -83,9 +84,14 @@ def _package_top(directory: Path) -> Path:
     return top
 
 
-def _nearest_pyproject(directory: Path, known: dict[Path, Optional[Path]]) -> Optional[Path]:
-    """The nearest folder at or above `directory` with a pyproject.toml, not crossing a repository's
-    top (`.git`); `known` memoises the answer for every folder walked through."""
+# What marks a project's top folder (the first found walking up), and a repository's top, where the
+# walk stops (and which is the top itself when no marker was found below it).
+PROJECT_MARKERS = ("pyproject.toml", "setup.py", "setup.cfg")
+
+
+def _project_top(directory: Path, known: dict[Path, Optional[Path]]) -> Optional[Path]:
+    """The nearest folder at or above `directory` with a project marker, else the repository's top
+    (`.git`), else None; `known` memoises the answer for every folder walked through."""
     walked: list[Path] = []
     current = directory
     found: Optional[Path] = None
@@ -94,10 +100,10 @@ def _nearest_pyproject(directory: Path, known: dict[Path, Optional[Path]]) -> Op
             found = known[current]
             break
         walked.append(current)
-        if _is_file(current / "pyproject.toml"):
+        if any(_is_file(current / marker) for marker in PROJECT_MARKERS) or os.path.exists(current / ".git"):
             found = current
             break
-        if os.path.exists(current / ".git") or current.parent == current:
+        if current.parent == current:
             break
         current = current.parent
     for folder in walked:
@@ -122,7 +128,9 @@ class ProjectSources:
     @classmethod
     def for_paths(cls, paths: Sequence[Union[str, Path]]) -> "ProjectSources":
         """Roots for the named files and folders: each folder named, each file's folder and its
-        package's top, the nearest pyproject.toml's folder and the `src/` beside it."""
+        package's top, the project's top (pyproject.toml, setup.py or setup.cfg, else the repository's
+        top) and the `src/` beside it. Naming one file of a project then resolves its imports as
+        naming the whole folder does."""
         # Strings until the folders are unique: pre-commit may name hundreds of files in a few folders.
         names: dict[str, None] = {}
         for raw in paths:
@@ -136,7 +144,7 @@ class ProjectSources:
         for folder in map(Path, names):
             roots.append(folder)
             roots.append(_package_top(folder))
-            project = _nearest_pyproject(folder, projects)
+            project = _project_top(folder, projects)
             if project is not None:
                 roots.append(project)
                 if _is_dir(project / "src"):
