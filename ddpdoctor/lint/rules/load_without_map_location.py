@@ -1,0 +1,168 @@
+"""DDP012 load-without-map-location: every rank loads a GPU checkpoint onto the device it was saved from."""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import libcst as cst
+
+from ddpdoctor.findings import Edit, Fix
+from ddpdoctor.lint.facts import MAX_DEPTH, Call, Function, dotted_name
+from ddpdoctor.lint.rules._pending_analysis import (
+    local_device_expression,
+    multiprocess_setup,
+    runs_on_every_rank,
+    uses_cuda,
+)
+from ddpdoctor.lint.rules.base import Rule
+
+LOAD = "torch.load"
+# Objects whose state is restored from a checkpoint: a model, optimizer, scheduler, scaler, EMA...
+# all spell it `load_state_dict`, so the method name is the evidence, not the receiver's type.
+RESTORE_METHODS = ("load_state_dict",)
+# Reading a part of a loaded checkpoint: `ckpt["model"]`, `ckpt.get("model")`, `ckpt["a"]["b"]`.
+PART_METHODS = frozenset({"get", "pop", "items", "copy"})
+
+
+class LoadWithoutMapLocation(Rule):
+    """
+    Valid:
+        ckpt = torch.load(path, map_location="cpu")
+        model.load_state_dict(ckpt["model"])
+    Invalid:
+        ckpt = torch.load(path)
+        model.load_state_dict(ckpt["model"])
+    """
+
+    code = "DDP012"
+    trigger_words = ("load(",)
+    context_words = ("init_process_group", "DistributedDataParallel", "horovod", "deepspeed", "spawn")
+
+    def check(self) -> None:
+        facts = self.facts
+        loads = [c for c in facts.calls_named(LOAD) if not self._has_map_location(c)]
+        if not loads:
+            return
+        if multiprocess_setup(facts) is None or not uses_cuda(facts):
+            return
+        restored = self._restored_loads()
+        for load in loads:
+            if id(load) not in restored:
+                continue  # data (a features cache, a vocabulary), not a checkpoint
+            if not runs_on_every_rank(facts, load):
+                continue  # rank 0 loads and broadcasts, a single-process branch, or undecidable
+            restore = restored[id(load)]
+            where = "" if self.line(restore.node) == self.line(load.node) else (
+                f" (restored by {restore.attr} at line {self.line(restore.node)})"
+            )
+            self.report(
+                load.node,
+                f"torch.load without map_location in a multi-process CUDA script{where}: every process "
+                f"deserialises this checkpoint onto the GPU it was saved from (usually cuda:0), so GPU 0 "
+                f"holds a copy per process and can run out of memory on resume. Pass map_location "
+                f"(\"cpu\", or this process's own device).",
+                fix=self._fix(load),
+            )
+
+    def _has_map_location(self, load: Call) -> bool:
+        """`map_location` given in any form; a `**kwargs` or `*args` we cannot read counts as given."""
+        if load.arg(1, "map_location") is not None:
+            return True
+        for arg in load.args:
+            if arg.star == "*":
+                return True
+            if arg.star == "**" and not self._kwargs_lack_map_location(arg.value, load):
+                return True
+        return False
+
+    def _kwargs_lack_map_location(self, expr: cst.BaseExpression, load: Call) -> bool:
+        """True only when every value the `**kwargs` may hold is a dict known to lack the key."""
+        leaves = self.facts.leaf_values(expr, load.order, load.function)
+        if not leaves:
+            return False
+        for value, _, _ in leaves:
+            if isinstance(value, cst.Dict):
+                keys = []
+                for element in value.elements:
+                    if not isinstance(element, cst.DictElement) or not isinstance(element.key, cst.SimpleString):
+                        return False  # `**other` inside, or a computed key
+                    keys.append(element.key.evaluated_value)
+                if "map_location" in keys:
+                    return False
+            elif isinstance(value, cst.Call) and dotted_name(value.func) == "dict":
+                if any(a.star or a.keyword is None or a.keyword.value == "map_location" for a in value.args):
+                    return False
+            else:
+                return False
+        # Item assignments (`kwargs["map_location"] = ...`) after the literal: cannot rule them out.
+        name = dotted_name(expr)
+        if name is not None and any(dotted_name(store.target) == name for store in self.facts.subscript_stores):
+            return False
+        return True
+
+    def _restored_loads(self) -> dict[int, Call]:
+        """The loads whose result reaches `load_state_dict`, directly, through a key or a helper."""
+        out: dict[int, Call] = {}
+        for restore in self.facts.method_calls(*RESTORE_METHODS):
+            state = restore.arg(0, "state_dict")
+            for load in self._loads_behind(state, restore.order, restore.function, 0):
+                out.setdefault(id(load), restore)
+        return out
+
+    def _loads_behind(
+        self, expr: Optional[cst.BaseExpression], order: int, function: Optional[Function], depth: int
+    ) -> list[Call]:
+        """The `torch.load` calls a state value may come from: through variables, keys of the
+        loaded dict, a key-renaming comprehension, helper returns and helper parameters."""
+        root = _checkpoint_root(expr)
+        if root is None or depth > MAX_DEPTH:
+            return []
+        if isinstance(root, cst.Call):
+            call = self.facts.call_of(root)
+            if call is None:
+                return []
+            if call.name == LOAD:
+                return [call]
+            out: list[Call] = []
+            for helper in self.facts.resolve_local_function(call):
+                for returned in helper.returns:
+                    out.extend(self._loads_behind(returned, helper.end_order, helper, depth + 1))
+            return out
+        if dotted_name(root) is None:
+            return []
+        out = []
+        for value, v_order, v_function in self.facts.leaf_values(root, order, function):
+            if value is not root:
+                out.extend(self._loads_behind(value, v_order, v_function, depth + 1))
+        return out
+
+    def _fix(self, load: Call) -> Optional[Fix]:
+        """Add `map_location=` after the last argument: the script's own device variable when one
+        certainly holds it where the load runs, else "cpu" (always correct: load_state_dict copies
+        onto the parameters' devices)."""
+        if not load.args:
+            return None
+        device = local_device_expression(self.facts, load) or '"cpu"'
+        last = load.args[-1]
+        end = self.facts.position(last.value).end
+        edit = Edit(end.line, end.column + 1, end.line, end.column + 1, f", map_location={device}")
+        return Fix(f"pass map_location={device}", applicable=False, edits=(edit,))
+
+
+def _checkpoint_root(expr: Optional[cst.BaseExpression]) -> Optional[cst.BaseExpression]:
+    """`ckpt["model"]["ema"]`, `ckpt.get("model")`, `{k[7:]: v for k, v in ckpt["model"].items()}`
+    -> `ckpt`: the expression that holds the loaded object."""
+    while expr is not None:
+        if isinstance(expr, cst.Subscript):
+            expr = expr.value
+        elif isinstance(expr, cst.DictComp):
+            expr = expr.for_in.iter
+        elif (
+            isinstance(expr, cst.Call)
+            and isinstance(expr.func, cst.Attribute)
+            and expr.func.attr.value in PART_METHODS
+        ):
+            expr = expr.func.value
+        else:
+            return expr
+    return None
