@@ -1,0 +1,50 @@
+"""DP003 dataparallel-inside-rank: `nn.DataParallel` inside a process that is already one rank."""
+
+from __future__ import annotations
+
+from ddpdoctor.lint.rules._pending_analysis import process_group_setup, single_process_only
+from ddpdoctor.lint.rules.base import Rule
+
+DATA_PARALLEL = "torch.nn.DataParallel"
+
+
+class DataParallelInsideRank(Rule):
+    """
+    Valid:
+        if args.distributed:
+            dist.init_process_group("nccl")
+            model = DDP(model.cuda(local_rank), device_ids=[local_rank])
+        else:
+            model = nn.DataParallel(model).cuda()
+    Invalid:
+        dist.init_process_group("nccl")
+        model = DDP(nn.DataParallel(model).cuda(), device_ids=[local_rank])
+    """
+
+    code = "DP003"
+    trigger_words = ("DataParallel",)
+    context_words = ("init_process_group", "horovod", "deepspeed")
+    # Unit tests build DataParallel models on purpose (to test loading their checkpoints).
+    checks_test_suites = False
+
+    def check(self) -> None:
+        wraps = self.facts.calls_named(DATA_PARALLEL)
+        if not wraps:
+            return
+        setup = process_group_setup(self.facts)
+        if setup is None:
+            return
+        what = {"torch.distributed.init_process_group": "init_process_group"}.get(
+            setup.name or "", "hvd.init()" if (setup.name or "").startswith("horovod.") else "DeepSpeed"
+        )
+        for wrap in wraps:
+            if single_process_only(self.facts, wrap):
+                continue
+            self.report(
+                wrap.node,
+                f"nn.DataParallel on the multi-process path of a script that starts a process group "
+                f"({what} at line {self.line(setup.node)}): each rank replicates the model over every "
+                f"visible GPU, so the ranks fight over the same devices. Give each process one GPU "
+                f"(DistributedDataParallel alone), or keep DataParallel for the single-process branch "
+                f"(`if not args.distributed:`).",
+            )
