@@ -7,7 +7,8 @@ from typing import Optional
 import libcst as cst
 
 from ddpdoctor.lint import vocab
-from ddpdoctor.lint.facts import MAX_DEPTH, Call, Function, ModuleFacts, dotted_name
+from ddpdoctor.lint.facts import MAX_DEPTH, Call, Function, ModuleFacts, dotted_name, walk
+from ddpdoctor.lint.rules._pending_analysis import multinode_evidence, node_index
 from ddpdoctor.lint.rules.base import Rule
 
 SAVE = "torch.save"
@@ -15,6 +16,9 @@ INIT = ("torch.distributed.init_process_group",)
 DDP = "torch.nn.parallel.DistributedDataParallel"
 IN_MEMORY = frozenset({"io.BytesIO", "io.StringIO"})
 SPAWN = ("torch.multiprocessing.spawn", "torch.multiprocessing.start_processes")
+# "Main process" predicates that hold once per node (Accelerate, HF Trainer, Lightning spell them so).
+LOCAL_MAIN_PROCESS_NAMES = frozenset({"is_local_master", "is_local_main_process", "is_local_process_zero", "local_master"})
+HOST_NAME_CALLS = frozenset({"socket.gethostname", "platform.node", "os.uname"})
 
 
 def distributed_setup(facts: ModuleFacts) -> Optional[tuple[str, Optional[Call]]]:
@@ -173,6 +177,7 @@ class UnguardedCheckpointSave(Rule):
             if self.facts.origin_names(path, save.order, save.function) & IN_MEMORY:
                 continue  # serialising into a buffer writes no file
             if reached_without_guard(self.facts, save, spawned) is not True:
+                self._check_once_per_node(save, path)
                 continue
             where = f" ({what} at line {self.line(setup_call.node)})" if setup_call is not None else ""
             function = save.function
@@ -188,3 +193,125 @@ class UnguardedCheckpointSave(Rule):
                 f"write the same checkpoint file at once, which can leave it truncated or corrupt. "
                 f"Save only on the main process ({check}).",
             )
+
+    def _check_once_per_node(self, save: Call, path: cst.BaseExpression) -> None:
+        """A save "guarded" by the node index runs on every process of node 0; one guarded by the
+        local rank runs once per node, which on a multi-node job is several writers of one path."""
+        found = _per_node_guard(self.facts, save, 0)
+        if found is None:
+            return
+        kind, test = found
+        check = f"`{self.facts.code_of(test)}` at line {self.line(test)}"
+        if kind == "node":
+            self.report(
+                save.node,
+                f"torch.save under a check of the node index ({check}): that holds on every process of "
+                f"node 0, not on one, so all of that node's processes write the same checkpoint file at once, "
+                f"which can leave it truncated or corrupt. Test the global rank instead "
+                f"(`if dist.get_rank() == 0:`).",
+            )
+            return
+        evidence = multinode_evidence(self.facts)
+        if evidence is None or _names_the_node(self.facts, path, save):
+            return
+        self.report(
+            save.node,
+            f"torch.save under a local-rank check ({check}) in a script that runs on several nodes "
+            f"(line {self.line(evidence)}): it runs once per node, so every node writes the same path, and on "
+            f"shared storage the writes collide and can leave the checkpoint truncated or corrupt. Test the "
+            f"global rank (`if dist.get_rank() == 0:`), or put the node in the path if each node has its own disk.",
+        )
+
+
+def _per_node_guard(facts: ModuleFacts, item: Call, depth: int) -> Optional[tuple[str, cst.BaseExpression]]:
+    """("node" | "local", the test) when the condition that restricts `item` to "rank 0" tests the
+    node index or the local rank; None when it tests the global rank or nothing decides. Helpers
+    are followed to their call sites, which must all agree."""
+    for guard in reversed(item.ctx.guards):
+        if not guard.negated and _tests_node_zero(facts, guard.test, guard.order, guard.function):
+            return "node", guard.test
+        if vocab.classify_rank_test(facts, guard.test, guard.order, guard.function, guard.negated) == "rank0":
+            kinds = _tested_rank_kinds(facts, guard.test, guard.order, guard.function, 0)
+            if kinds and kinds <= {"local", "spawn"}:
+                return "local", guard.test
+            return None
+    function = item.function
+    if function is None or depth > 3:
+        return None
+    sites = [s for s in facts.call_sites(function) if s.function is not function]
+    answers = {_per_node_guard(facts, site, depth + 1) for site in sites}
+    if len(answers) == 1:
+        return answers.pop()
+    return None
+
+
+def _tests_node_zero(facts: ModuleFacts, test: cst.BaseExpression, order: int, function: Optional[Function]) -> bool:
+    """`args.nr == 0`, `node_rank == 0 and step % k == 0`: the node index compared with zero."""
+    if isinstance(test, cst.BooleanOperation):
+        return isinstance(test.operator, cst.And) and (
+            _tests_node_zero(facts, test.left, order, function) or _tests_node_zero(facts, test.right, order, function)
+        )
+    if not isinstance(test, cst.Comparison) or len(test.comparisons) != 1:
+        return False
+    target = test.comparisons[0]
+    left, right = test.left, target.comparator
+    if isinstance(left, cst.Integer):
+        left, right = right, left
+    zero = (isinstance(right, cst.Integer) and right.evaluated_value == 0 and isinstance(target.operator, cst.Equal)) or (
+        isinstance(target.operator, cst.In) and isinstance(right, (cst.List, cst.Tuple))
+        and [e.value.evaluated_value for e in right.elements if isinstance(e.value, cst.Integer)] == [0]
+    )
+    return zero and node_index(facts, left, order, function)
+
+
+def _tested_rank_kinds(
+    facts: ModuleFacts, test: cst.BaseExpression, order: int, function: Optional[Function], depth: int
+) -> set[str]:
+    """The kinds of rank a rank-0 condition compares ("global", "local", "spawn"), leaving out the
+    single-process operands (`local_rank == -1`, `not args.distributed`)."""
+    if depth > MAX_DEPTH:
+        return {"unknown"}
+    if isinstance(test, cst.UnaryOperation) and isinstance(test.operator, cst.Not):
+        return _tested_rank_kinds(facts, test.expression, order, function, depth + 1)
+    if isinstance(test, cst.BooleanOperation):
+        out: set[str] = set()
+        for side in (test.left, test.right):
+            if vocab.is_not_distributed_test(facts, side) or vocab.is_not_distributed_test(facts, side, True):
+                continue
+            out |= _tested_rank_kinds(facts, side, order, function, depth + 1)
+        return out
+    if isinstance(test, cst.Comparison) and len(test.comparisons) == 1:
+        left = test.left if not isinstance(test.left, cst.Integer) else test.comparisons[0].comparator
+        if isinstance(left, cst.BinaryOperation) and isinstance(left.operator, cst.Modulo):
+            return {"local"}  # `args.rank % ngpus_per_node == 0`: the first process of each node
+        kind = vocab.rank_kind(facts, left, order, function)
+        return {kind} if kind is not None else set()
+    name = dotted_name(test.func if isinstance(test, cst.Call) else test)
+    if name is not None and name.rsplit(".", 1)[-1] in LOCAL_MAIN_PROCESS_NAMES:
+        return {"local"}
+    if vocab.is_main_process_predicate(facts, test, order, function):
+        return {"global"}
+    if name is not None:
+        out = set()
+        for value in facts.reaching_values(test, order, function):
+            if value is not test and isinstance(value, (cst.Comparison, cst.BooleanOperation, cst.UnaryOperation)):
+                out |= _tested_rank_kinds(facts, value, order, function, depth + 1)
+        return out
+    return {"unknown"}
+
+
+def _names_the_node(facts: ModuleFacts, path: cst.BaseExpression, save: Call) -> bool:
+    """The path holds the node index or the host name: deliberate per-node copies."""
+    for node in walk(path):
+        if isinstance(node, (cst.Name, cst.Attribute)) and node_index(facts, node, save.order, save.function):  # type: ignore[arg-type]
+            return True
+        if isinstance(node, cst.Call) and (facts.qualify(node.func) or "") in HOST_NAME_CALLS:
+            return True
+    if isinstance(path, (cst.Name, cst.Attribute)):
+        for value, v_order, v_function in facts.leaf_values(path, save.order, save.function):
+            if value is not path and any(
+                isinstance(n, (cst.Name, cst.Attribute)) and node_index(facts, n, v_order, v_function)  # type: ignore[arg-type]
+                for n in walk(value)
+            ):
+                return True
+    return False
