@@ -101,7 +101,8 @@ def test_ddp003_cuda_if_available_else_cpu_is_still_hardcoded() -> None:
     assert "init_process_group at line" in found[0].message
 
 
-def test_ddp003_reports_literal_reaching_use_once() -> None:
+def test_ddp003_reports_every_use_of_a_literal() -> None:
+    # Every sink, not only the first: fixing one `.to(device)` must not unveil the next.
     found = findings(
         """
         dist.init_process_group("nccl")
@@ -111,8 +112,8 @@ def test_ddp003_reports_literal_reaching_use_once() -> None:
         """,
         "DDP003",
     )
-    assert len(found) == 1
-    assert "(set at line" in found[0].message
+    assert [f.line for f in found] == [10, 11]  # after the 7-line header
+    assert all("(set at line 9)" in f.message for f in found)
 
 
 @pytest.mark.parametrize(

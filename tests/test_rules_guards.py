@@ -9,9 +9,9 @@ import libcst as cst
 import pytest
 
 from ddpdoctor.config import Settings
-from ddpdoctor.lint import vocab
+from ddpdoctor.lint.analysis import ranks
 from ddpdoctor.lint.engine import lint_source
-from ddpdoctor.lint.facts import ModuleFacts
+from ddpdoctor.lint.analysis import ModuleModel
 
 PRELUDE = """\
 import os
@@ -23,10 +23,10 @@ LOCAL_RANK = int(os.getenv("LOCAL_RANK", "-1"))
 
 def classify(test: str, negated: bool = False) -> Optional[str]:
     module = cst.parse_module(PRELUDE + f"if {test}:\n    pass\n")
-    facts = ModuleFacts.build(module)
+    facts = ModuleModel.build(module)
     statement = module.body[-1]
     assert isinstance(statement, cst.If)
-    return vocab.classify_rank_test(facts, statement.test, 10_000, None, negated)
+    return ranks.classify_rank_test(facts, statement.test, 10_000, None, negated)
 
 
 @pytest.mark.parametrize(

@@ -7,7 +7,7 @@ import textwrap
 
 import libcst as cst
 
-from ddpdoctor.lint.facts import ModuleFacts
+from ddpdoctor.lint.analysis import ModuleModel
 from ddpdoctor.lint.rules.dataparallel_uneven_batch import chunk_sizes
 
 SOURCE = textwrap.dedent(
@@ -32,11 +32,11 @@ SOURCE = textwrap.dedent(
 )
 
 
-def build() -> ModuleFacts:
-    return ModuleFacts.build(cst.parse_module(SOURCE))
+def build() -> ModuleModel:
+    return ModuleModel.build(cst.parse_module(SOURCE))
 
 
-def loop_in(facts: ModuleFacts, function: str, index: int = 0):
+def loop_in(facts: ModuleModel, function: str, index: int = 0):
     return [loop for loop in facts.loops if loop.function and loop.function.name == function][index]
 
 

@@ -1,4 +1,4 @@
-"""The lint pipeline: read -> cheap pre-filter -> parse once -> facts -> rules -> suppression.
+"""The lint pipeline: read -> cheap pre-filter -> parse once -> analysis -> rules -> suppression.
 
 Also: parallel workers, the result cache and `--fix`/`--diff` rounds. Nothing here knows what any
 particular rule checks; rules know nothing of files, workers or caches.
@@ -23,7 +23,7 @@ from ddpdoctor.config import Settings
 from ddpdoctor.findings import Finding, Severity
 from ddpdoctor.lint import fixes as fixing
 from ddpdoctor.lint.cache import ResultCache, content_hash
-from ddpdoctor.lint.facts import ModuleFacts
+from ddpdoctor.lint.analysis import build_analysis
 from ddpdoctor.lint.files import discover
 from ddpdoctor.lint.rules.base import Rule, all_rules
 from ddpdoctor.lint.suppress import apply_suppressions
@@ -120,17 +120,17 @@ def lint_text(
     rules: Sequence[type[Rule]],
     world_size: Optional[int] = None,
 ) -> tuple[list[Finding], bool]:
-    """Parse once, build facts once, run every rule. Returns (findings, parsed)."""
+    """Parse once, build the analysis once, run every rule. Returns (findings, parsed)."""
     try:
         module = cst.parse_module(text)
     except cst.ParserSyntaxError as error:
         return [_syntax_error_finding(text, path, error)], True
     except (RecursionError, MemoryError):
         return [_parse_error(path, "cannot parse: the file is nested too deeply")], True
-    facts = ModuleFacts.build(module, path, world_size)
+    model = build_analysis(module, path, world_size=world_size)
     findings: list[Finding] = []
     for rule_class in rules:
-        findings.extend(rule_class(facts).run())
+        findings.extend(rule_class(model).run())
     return apply_suppressions(findings, text), True
 
 

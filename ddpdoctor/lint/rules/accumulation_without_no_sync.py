@@ -6,7 +6,7 @@ from typing import Optional
 
 import libcst as cst
 
-from ddpdoctor.lint.facts import Call, Guard, Loop, dotted_name, names_in
+from ddpdoctor.lint.analysis import Call, Guard, Loop, dotted_name, names_in
 from ddpdoctor.lint.rules.base import Rule
 
 DDP = "torch.nn.parallel.DistributedDataParallel"
@@ -38,15 +38,15 @@ class AccumulationWithoutNoSync(Rule):
     trigger_words = ("DistributedDataParallel",)
 
     def check(self) -> None:
-        if not self.facts.calls_named(DDP):
+        if not self.model.calls_named(DDP):
             return
         # Any use of no_sync, or nanoGPT's `model.require_backward_grad_sync = ...`, means the script
         # already controls when DDP synchronises.
-        if self.facts.method_calls("no_sync"):
+        if self.model.method_calls("no_sync"):
             return
-        if any(a.target.endswith("require_backward_grad_sync") for a in self.facts.assignments):
+        if any(a.target.endswith("require_backward_grad_sync") for a in self.model.assignments):
             return
-        for backward in self.facts.method_calls("backward"):
+        for backward in self.model.method_calls("backward"):
             if not backward.loops:
                 continue
             loop = backward.loops[-1]
@@ -68,7 +68,7 @@ class AccumulationWithoutNoSync(Rule):
     def _conditional_step(self, backward: Call, loop: Loop) -> tuple[Optional[Call], Optional[Guard]]:
         """An `optimizer.step()` / `scaler.step(optimizer)` in the same loop iteration that runs only under
         an accumulation condition (`(i + 1) % accum_steps == 0`) which does not also guard the backward."""
-        for call in self.facts.method_calls("step"):
+        for call in self.model.method_calls("step"):
             if call.function is not backward.function or not (loop.order < call.order < loop.end_order):
                 continue
             if not self._is_optimizer_step(call):
@@ -101,7 +101,7 @@ class AccumulationWithoutNoSync(Rule):
         while stack:
             node = stack.pop()
             if isinstance(node, cst.BinaryOperation) and isinstance(node.operator, cst.Modulo):
-                divisor = self.facts.const_value(node.right, step.order, step.function)
+                divisor = self.model.const_value(node.right, step.order, step.function)
                 if divisor != 1:
                     return True
             for child in node.children:
@@ -111,10 +111,10 @@ class AccumulationWithoutNoSync(Rule):
     def _ddp_forward(self, loop: Loop) -> Optional[tuple[Call, Call]]:
         """A model called in the loop body (`model(x)`, `self.model(x)`, also in a helper called from
         the loop) and the DDP wrap it comes from."""
-        for call in self.facts.calls_within(loop, depth=1):
+        for call in self.model.calls_within(loop, depth=1):
             if call.name is not None or call.dotted is None:
                 continue
-            for origin in self.facts.origin_calls(call.node.func, call.order, call.function):
+            for origin in self.model.origin_calls(call.node.func, call.order, call.function):
                 if origin.name == DDP:
                     return call, origin
         return None

@@ -1,4 +1,4 @@
-"""The Rule base class. A rule reads `ModuleFacts` and yields `Finding`s; that is all it may touch.
+"""The Rule base class. A rule reads `ModuleModel` and yields `Finding`s; that is all it may touch.
 
 Each rule is one class in a module named for what it catches (`syncbn_after_ddp.py`), with its code
 in the class. Severity, name and default on/off live in the catalog page `rules/CODE.md`, written
@@ -15,8 +15,8 @@ import libcst as cst
 
 from ddpdoctor.catalog import RuleInfo, load_catalog
 from ddpdoctor.findings import Edit, Finding, Fix
-from ddpdoctor.lint import vocab
-from ddpdoctor.lint.facts import ModuleFacts
+from ddpdoctor.lint.analysis import harness
+from ddpdoctor.lint.analysis import ModuleModel
 
 
 class Rule:
@@ -27,17 +27,17 @@ class Rule:
     # And, for rules that only apply to a multi-process script, one of these must appear too.
     context_words: ClassVar[tuple[str, ...]] = ()
     # False for rules about choices that test suites make per test case on purpose (devices, ranks,
-    # learning rates): such a rule does not run on test files (see `vocab.is_test_module`).
+    # learning rates): such a rule does not run on test files (see `harness.is_test_module`).
     checks_test_suites: ClassVar[bool] = True
 
-    def __init__(self, facts: ModuleFacts) -> None:
-        self.facts = facts
+    def __init__(self, model: ModuleModel) -> None:
+        self.model = model
         self._findings: list[Finding] = []
 
     # ---- what a rule implements
 
     def check(self) -> None:
-        """Inspect `self.facts`; call `self.report(...)` for each problem."""
+        """Inspect `self.model`; call `self.report(...)` for each problem."""
         raise NotImplementedError
 
     # ---- helpers for rules
@@ -51,14 +51,14 @@ class Rule:
 
     def report(self, node: cst.CSTNode, message: str, fix: Optional[Fix] = None) -> None:
         info = self.info()
-        position = self.facts.position(node)
+        position = self.model.position(node)
         self._findings.append(
             Finding(
                 code=self.code,
                 name=info.name,
                 severity=info.severity,
                 message=message,
-                path=self.facts.path,
+                path=self.model.path,
                 line=position.start.line,
                 column=position.start.column + 1,
                 end_line=position.end.line,
@@ -69,7 +69,7 @@ class Rule:
 
     def replace(self, node: cst.CSTNode, new_code: str) -> Edit:
         """A text edit that replaces `node`'s source with `new_code`."""
-        position = self.facts.position(node)
+        position = self.model.position(node)
         return Edit(
             position.start.line,
             position.start.column + 1,
@@ -79,10 +79,10 @@ class Rule:
         )
 
     def line(self, node: cst.CSTNode) -> int:
-        return self.facts.line_of(node)
+        return self.model.line_of(node)
 
     def run(self) -> list[Finding]:
-        if not self.checks_test_suites and vocab.is_test_module(self.facts):
+        if not self.checks_test_suites and harness.is_test_module(self.model):
             return []
         self.check()
         return self._findings

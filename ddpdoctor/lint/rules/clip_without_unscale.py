@@ -6,7 +6,7 @@ from typing import Optional
 
 import libcst as cst
 
-from ddpdoctor.lint.facts import Call, ModuleFacts, dotted_name, names_in
+from ddpdoctor.lint.analysis import Call, ModuleModel, dotted_name, names_in
 from ddpdoctor.lint.rules.base import Rule
 
 CLIPS = (
@@ -18,25 +18,25 @@ SCALERS = frozenset({"torch.cuda.amp.GradScaler", "torch.amp.GradScaler", "torch
                      "torch.amp.grad_scaler.GradScaler"})
 
 
-def scaled_backward_scaler(facts: ModuleFacts, call: Call) -> Optional[str]:
+def scaled_backward_scaler(model: ModuleModel, call: Call) -> Optional[str]:
     """For `scaler.scale(loss).backward()` (or `scaled = scaler.scale(loss); scaled.backward()` with
     `scaler` a GradScaler) return the scaler as written, else None."""
     if call.attr != "backward" or call.receiver is None:
         return None
     receiver = call.receiver
     if isinstance(receiver, cst.Call):
-        scale = facts.call_of(receiver)
+        scale = model.call_of(receiver)
         if scale is not None and scale.attr == "scale" and scale.receiver is not None:
-            return dotted_name(scale.receiver) or facts.code_of(scale.receiver)
+            return dotted_name(scale.receiver) or model.code_of(scale.receiver)
         return None
-    for origin in facts.origin_calls(receiver, call.order, call.function):
+    for origin in model.origin_calls(receiver, call.order, call.function):
         if origin.attr == "scale" and origin.receiver is not None:
-            if facts.origin_names(origin.receiver, origin.order, origin.function) & SCALERS:
-                return dotted_name(origin.receiver) or facts.code_of(origin.receiver)
+            if model.origin_names(origin.receiver, origin.order, origin.function) & SCALERS:
+                return dotted_name(origin.receiver) or model.code_of(origin.receiver)
     return None
 
 
-def _condition(facts: ModuleFacts, test: cst.BaseExpression, negated: bool) -> tuple[str, bool]:
+def _condition(model: ModuleModel, test: cst.BaseExpression, negated: bool) -> tuple[str, bool]:
     """A branch condition as (text, polarity), with `not x` and `x is None` folded into the
     polarity of `x` / `x is not None`, so that `if scaler is not None:` and a later
     `if scaler is None:` are recognised as opposite conditions."""
@@ -45,13 +45,13 @@ def _condition(facts: ModuleFacts, test: cst.BaseExpression, negated: bool) -> t
     if isinstance(test, cst.Comparison) and len(test.comparisons) == 1:
         target = test.comparisons[0]
         if isinstance(target.operator, cst.Is):
-            return f"{facts.code_of(test.left)} is not {facts.code_of(target.comparator)}", negated
+            return f"{model.code_of(test.left)} is not {model.code_of(target.comparator)}", negated
         if isinstance(target.operator, cst.IsNot):
-            return f"{facts.code_of(test.left)} is not {facts.code_of(target.comparator)}", not negated
-    return facts.code_of(test), not negated
+            return f"{model.code_of(test.left)} is not {model.code_of(target.comparator)}", not negated
+    return model.code_of(test), not negated
 
 
-def exclusive(facts: ModuleFacts, a: Call, b: Call) -> bool:
+def exclusive(model: ModuleModel, a: Call, b: Call) -> bool:
     """True when two calls sit in branches whose conditions cannot both hold: the two sides of
     one `if`, or `if args.amp:` ... `if not args.amp:` (the flag is not reassigned in between)."""
     for guard in a.ctx.guards:
@@ -60,9 +60,9 @@ def exclusive(facts: ModuleFacts, a: Call, b: Call) -> bool:
                 if guard.negated != other.negated:
                     return True
                 continue
-            text, polarity = _condition(facts, guard.test, guard.negated)
-            other_text, other_polarity = _condition(facts, other.test, other.negated)
-            if text == other_text and polarity != other_polarity and _not_reassigned(facts, guard.test, guard.order, other.order):
+            text, polarity = _condition(model, guard.test, guard.negated)
+            other_text, other_polarity = _condition(model, other.test, other.negated)
+            if text == other_text and polarity != other_polarity and _not_reassigned(model, guard.test, guard.order, other.order):
                 return True
     return False
 
@@ -71,7 +71,7 @@ def exclusive(facts: ModuleFacts, a: Call, b: Call) -> bool:
 PRECISION_WORDS = ("amp", "fp16", "float16", "half", "scaler", "precision", "bf16", "dtype", "mixed")
 
 
-def precision_dependent(facts: ModuleFacts, clip: Call, backward: Call) -> bool:
+def precision_dependent(model: ModuleModel, clip: Call, backward: Call) -> bool:
     """The clip sits under a condition the backward does not share that reads a precision flag or the
     scaler itself, e.g. `if not args.amp: clip(...)` after `if scaler is not None: scaler.scale(...)`:
     the two may well be exclusive at run time, which we cannot prove, so the rule stays silent."""
@@ -85,11 +85,11 @@ def precision_dependent(facts: ModuleFacts, clip: Call, backward: Call) -> bool:
     return False
 
 
-def _not_reassigned(facts: ModuleFacts, test: cst.BaseExpression, start: int, end: int) -> bool:
+def _not_reassigned(model: ModuleModel, test: cst.BaseExpression, start: int, end: int) -> bool:
     """No name read by the condition is assigned between the two checks."""
     low, high = min(start, end), max(start, end)
     for name in names_in(test):
-        if any(low < a.order < high for a in facts.assignments_to(name)):
+        if any(low < a.order < high for a in model.assignments_to(name)):
             return False
     return True
 
@@ -111,25 +111,25 @@ class ClipWithoutUnscale(Rule):
     trigger_words = ("clip_grad_",)
 
     def check(self) -> None:
-        for clip in self.facts.calls_named(*CLIPS):
+        for clip in self.model.calls_named(*CLIPS):
             function = clip.function
-            calls = function.calls if function is not None else [c for c in self.facts.calls if c.function is None]
+            calls = function.calls if function is not None else [c for c in self.model.calls if c.function is None]
             backward: Optional[Call] = None
             scaler: Optional[str] = None
             for call in calls:
                 if call.order >= clip.order:
                     break
-                found = scaled_backward_scaler(self.facts, call)
-                if found is not None and not exclusive(self.facts, call, clip):
+                found = scaled_backward_scaler(self.model, call)
+                if found is not None and not exclusive(self.model, call, clip):
                     backward, scaler = call, found
-            if backward is None or precision_dependent(self.facts, clip, backward):
+            if backward is None or precision_dependent(self.model, clip, backward):
                 continue
             written = f"{clip.dotted or clip.name}()"
-            if clip.dotted != clip.name and clip.dotted is not None and not clip.name.endswith("." + clip.dotted):
+            if clip.dotted != clip.name and clip.dotted is not None and not (clip.name or "").endswith("." + clip.dotted):
                 written += f" ({clip.name})"
-            between = [c for c in calls if backward.order < c.order < clip.order and not exclusive(self.facts, c, clip)]
+            between = [c for c in calls if backward.order < c.order < clip.order and not exclusive(self.model, c, clip)]
             stepped = [c for c in between if c.attr == "step" and c.receiver is not None
-                       and (dotted_name(c.receiver) or self.facts.code_of(c.receiver)) == scaler]
+                       and (dotted_name(c.receiver) or self.model.code_of(c.receiver)) == scaler]
             if stepped:
                 # `scaler.step()` unscales on its own, so these gradients are unscaled — but the
                 # update has already been applied with unclipped gradients.
@@ -156,7 +156,7 @@ class ClipWithoutUnscale(Rule):
             return True
         if depth > 2:
             return False
-        for helper in self.facts.resolve_local_function(call):
+        for helper in self.model.resolve_local_function(call):
             if any(self._unscales(inner, depth + 1) for inner in helper.calls):
                 return True
         return False

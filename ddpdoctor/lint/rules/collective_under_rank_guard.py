@@ -6,8 +6,7 @@ from typing import Optional
 
 import libcst as cst
 
-from ddpdoctor.lint import vocab
-from ddpdoctor.lint.facts import Call, Guard, ModuleFacts
+from ddpdoctor.lint.analysis import Call, ModuleModel, Runs, WhoRuns, who_runs
 from ddpdoctor.lint.rules.base import Rule
 
 # Every rank of the (default) group must enter these; send/recv/isend/irecv are point-to-point
@@ -34,8 +33,8 @@ HOROVOD_MODULES = ("horovod.torch", "horovod.tensorflow", "horovod.keras", "horo
 # Creating a group is collective over the whole world even for ranks not in it.
 GROUP_CREATION = frozenset({"new_group", "new_subgroups"})
 
-COMPLEMENT = {"rank0": "nonzero", "nonzero": "rank0"}
-DESCRIBE = {"rank0": "the main process", "nonzero": "the non-main ranks", "subset": "some of the ranks"}
+COMPLEMENT = {Runs.RANK0: Runs.NONZERO, Runs.NONZERO: Runs.RANK0}
+DESCRIBE = {Runs.RANK0: "the main process", Runs.NONZERO: "the non-main ranks", Runs.SUBSET: "some of the ranks"}
 
 
 def collective_name(call: Call) -> Optional[str]:
@@ -60,7 +59,7 @@ GROUP_POSITION = {
 }
 
 
-def on_subgroup(facts: ModuleFacts, call: Call) -> bool:
+def on_subgroup(model: ModuleModel, call: Call) -> bool:
     """A collective over an explicit process group / process set: rank-guarding it to the group's
     members is how subgroups are used, so such calls are left alone."""
     if call.name is not None and call.name.rpartition(".")[2] in GROUP_CREATION:
@@ -73,7 +72,7 @@ def on_subgroup(facts: ModuleFacts, call: Call) -> bool:
             continue
         if isinstance(value, cst.Name) and value.value == "None":
             continue
-        if (facts.qualify(value) or "") in ("torch.distributed.group.WORLD", "horovod.torch.global_process_set"):
+        if (model.qualify(value) or "") in ("torch.distributed.group.WORLD", "horovod.torch.global_process_set"):
             continue
         return True
     return False
@@ -111,18 +110,21 @@ class CollectiveUnderRankGuard(Rule):
     context_words = ("distributed", "horovod")
 
     def check(self) -> None:
-        guarded: list[tuple[Call, str, str]] = []
-        for call in self.facts.calls:
+        guarded: list[tuple[Call, str, WhoRuns]] = []
+        for call in self.model.calls:
             name = collective_name(call)
-            if name is None or on_subgroup(self.facts, call):
+            if name is None or on_subgroup(self.model, call):
                 continue
-            kind = self.facts.rank_guard_kind(call)
-            if kind is not None:
-                guarded.append((call, name, kind))
-        for call, name, kind in guarded:
-            if self._matched(call, name, kind, guarded):
+            runs = who_runs(self.model, call)
+            if runs.some_ranks:
+                guarded.append((call, name, runs))
+        for call, name, runs in guarded:
+            if self._matched(call, name, runs.runs, guarded):
                 continue
-            guard_line, via = self._where_guarded(call)
+            guard_line = self.line(runs.guard.test) if runs.guard is not None else None
+            via = ""
+            if runs.via is not None and call.function is not None:
+                via = f", around the call to {call.function.name}() at line {self.line(runs.via.node)}"
             written = f"{call.dotted or name}()"
             if call.dotted is not None and not name.endswith("." + call.dotted.rpartition(".")[2]):
                 written += f" ({name})"  # an alias: say what it is
@@ -132,43 +134,22 @@ class CollectiveUnderRankGuard(Rule):
             where = f" (guarded at line {guard_line}{via})" if guard_line is not None else ""
             self.report(
                 call.node,
-                f"{written} is a collective that every rank must call, but it is only reached by {DESCRIBE[kind]}"
+                f"{written} is a collective that every rank must call, but it is only reached by {DESCRIBE[runs.runs]}"
                 f"{where}: the other ranks never enter it and the job hangs until the timeout. "
                 f"{advice}",
             )
 
-    def _matched(self, call: Call, name: str, kind: str, guarded: list[tuple[Call, str, str]]) -> bool:
+    def _matched(self, call: Call, name: str, kind: Runs, guarded: list[tuple[Call, str, WhoRuns]]) -> bool:
         """The same collective reached on the other side of a complementary guard: the torchvision /
         Hugging Face "let rank 0 download first" pairing (`if rank != 0: barrier()` ... `if rank == 0:
         barrier()`), or `if rank == 0: broadcast(x) else: broadcast(y)`. Every rank then calls it."""
-        for other, other_name, other_kind in guarded:
+        for other, other_name, other_runs in guarded:
+            other_kind = other_runs.runs
             if other is call or not _same_collective(name, other_name):
                 continue
-            if kind == "subset" or other_kind == "subset":
+            if Runs.SUBSET in (kind, other_kind):
                 # `if rank == 1: ... else: ...` and similar: one side each; undecidable, stay silent.
                 return True
             if COMPLEMENT[kind] == other_kind:
                 return True
         return False
-
-    def _where_guarded(self, call: Call, depth: int = 0) -> tuple[Optional[int], str]:
-        """The line of the rank check that guards `call`, and ", via the call at line N" when the
-        check sits around a call site of the helper that contains it."""
-        guard = self._rank_guard(call)
-        if guard is not None:
-            return self.line(guard.test), ""
-        function = call.function
-        if function is None or depth > 3:
-            return None, ""
-        for site in self.facts.call_sites(function):
-            line, _ = self._where_guarded(site, depth + 1)
-            if line is not None:
-                return line, f", around the call to {function.name}() at line {self.line(site.node)}"
-        return None, ""
-
-    def _rank_guard(self, call: Call) -> Optional[Guard]:
-        for guard in reversed(call.ctx.guards):
-            if vocab.classify_rank_test(self.facts, guard.test, guard.order, guard.function, guard.negated):
-                return guard
-        return None
-

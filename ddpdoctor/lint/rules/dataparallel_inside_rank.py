@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
-from ddpdoctor.lint.rules._pending_analysis import process_group_setup, single_process_only
+from ddpdoctor.lint.analysis import Runs, launch, who_runs
 from ddpdoctor.lint.rules.base import Rule
 
 DATA_PARALLEL = "torch.nn.DataParallel"
+# Any answer but these puts the wrap inside a rank: a single-process branch, or undecidable.
+SILENT = (Runs.SINGLE, Runs.UNKNOWN)
 
 
 class DataParallelInsideRank(Rule):
@@ -28,17 +30,17 @@ class DataParallelInsideRank(Rule):
     checks_test_suites = False
 
     def check(self) -> None:
-        wraps = self.facts.calls_named(DATA_PARALLEL)
+        wraps = self.model.calls_named(DATA_PARALLEL)
         if not wraps:
             return
-        setup = process_group_setup(self.facts)
+        setup = launch.process_group_setup(self.model)
         if setup is None:
             return
         what = {"torch.distributed.init_process_group": "init_process_group"}.get(
             setup.name or "", "hvd.init()" if (setup.name or "").startswith("horovod.") else "DeepSpeed"
         )
         for wrap in wraps:
-            if single_process_only(self.facts, wrap):
+            if who_runs(self.model, wrap).runs in SILENT:
                 continue
             self.report(
                 wrap.node,

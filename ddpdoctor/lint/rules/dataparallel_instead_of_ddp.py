@@ -22,7 +22,7 @@ class DataParallelInsteadOfDDP(Rule):
     def check(self) -> None:
         # `calls_named` resolves aliases: `nn.DataParallel`, `from torch.nn import DataParallel as DP`,
         # `torch.nn.parallel.DataParallel` all canonicalise to torch.nn.DataParallel.
-        for call in self.facts.calls_named(DATA_PARALLEL):
+        for call in self.model.calls_named(DATA_PARALLEL):
             self.report(
                 call.node,
                 "nn.DataParallel replicates the model in one process with one thread per GPU: it re-copies "

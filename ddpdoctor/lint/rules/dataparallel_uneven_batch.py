@@ -6,7 +6,7 @@ from typing import Optional
 
 import libcst as cst
 
-from ddpdoctor.lint.facts import Call, dotted_name
+from ddpdoctor.lint.analysis import Call, dotted_name
 from ddpdoctor.lint.rules.base import Rule
 
 DATA_PARALLEL = "torch.nn.DataParallel"
@@ -45,7 +45,7 @@ class DataParallelUnevenBatch(Rule):
     trigger_words = ("DataParallel",)
 
     def check(self) -> None:
-        wrappers = self.facts.calls_named(DATA_PARALLEL)
+        wrappers = self.model.calls_named(DATA_PARALLEL)
         if not wrappers:
             return
         for wrapper in wrappers:
@@ -81,9 +81,9 @@ class DataParallelUnevenBatch(Rule):
             if count is None:
                 return None  # device_ids we cannot count: do not fall back to --world-size
             return count, f"device_ids at line {self.line(ids)}"
-        if self.facts.world_size is None:
+        if self.model.world_size is None:
             return None
-        return self.facts.world_size, f"all visible GPUs, --world-size {self.facts.world_size}"
+        return self.model.world_size, f"all visible GPUs, --world-size {self.model.world_size}"
 
     def _length(self, expr: cst.BaseExpression, order: int, at: Call, depth: int) -> Optional[int]:
         """The length of a literal list/tuple, of `range(n)`/`list(range(n))` with a constant n, or of
@@ -99,13 +99,14 @@ class DataParallelUnevenBatch(Rule):
             if callee in ("list", "tuple") and len(expr.args) == 1:
                 return self._length(expr.args[0].value, order, at, depth + 1)
             if callee == "range":
-                bounds = [self.facts.const_value(a.value, order, at.function) for a in expr.args]
-                if all(isinstance(b, int) and not isinstance(b, bool) for b in bounds) and len(bounds) <= 2:
+                constants = [self.model.const_value(a.value, order, at.function) for a in expr.args]
+                bounds = [b for b in constants if isinstance(b, int) and not isinstance(b, bool)]
+                if len(bounds) == len(constants) and 1 <= len(bounds) <= 2:
                     start, stop = (0, bounds[0]) if len(bounds) == 1 else (bounds[0], bounds[1])
                     return max(0, stop - start)
             return None
         if dotted_name(expr) is not None:
-            values = [v for v in self.facts.reaching_values(expr, order, at.function) if v is not expr]
+            values = [v for v in self.model.reaching_values(expr, order, at.function) if v is not expr]
             lengths = {self._length(v, order, at, depth + 1) for v in values}
             if len(lengths) == 1:
                 return lengths.pop()
@@ -117,16 +118,16 @@ class DataParallelUnevenBatch(Rule):
         """DataLoaders iterated by a loop in which the DataParallel model is called (`model(x)`),
         following the model and the loader through variables, attributes and parameters."""
         out: list[Call] = []
-        for call in self.facts.calls:
+        for call in self.model.calls:
             if not call.loops or call.name is not None or call.dotted is None:
                 continue
-            origins = self.facts.origin_calls(call.node.func, call.order, call.function)
+            origins = self.model.origin_calls(call.node.func, call.order, call.function)
             if wrapper not in origins:
                 continue
             for loop in call.loops:
                 # Training loops only: there the imbalance costs every step and skews BatchNorm.
-                if any(c.attr == "backward" for c in self.facts.calls_within(loop, depth=2)):
-                    out.extend(c for c in self.facts.loop_sources(loop) if c.name == DATA_LOADER)
+                if any(c.attr == "backward" for c in self.model.calls_within(loop, depth=2)):
+                    out.extend(c for c in self.model.loop_sources(loop) if c.name == DATA_LOADER)
         return out
 
     def _batch_size(self, loader: Call) -> Optional[int]:
@@ -135,7 +136,7 @@ class DataParallelUnevenBatch(Rule):
         expr = loader.arg(1, "batch_size")
         if expr is None:
             return None  # the default of 1 is never what a DataParallel trainer means: stay silent
-        value = self.facts.const_value(expr, loader.order, loader.function)
+        value = self.model.const_value(expr, loader.order, loader.function)
         if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
             return None
         name = dotted_name(expr)
@@ -143,8 +144,8 @@ class DataParallelUnevenBatch(Rule):
             # `args.batch_size = int(args.batch_size / ngpus_per_node)` in another function mutates
             # the shared namespace: any assignment to the attribute that is not the same constant
             # makes the value undecidable here.
-            for assignment in self.facts.assignments_to(name):
-                other = self.facts.const_value(assignment.value, assignment.order, assignment.function)
+            for assignment in self.model.assignments_to(name):
+                other = self.model.const_value(assignment.value, assignment.order, assignment.function)
                 if other != value:
                     return None
         return value

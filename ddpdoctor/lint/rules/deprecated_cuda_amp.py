@@ -8,7 +8,7 @@ from typing import Optional
 import libcst as cst
 
 from ddpdoctor.findings import Edit, Fix
-from ddpdoctor.lint.facts import Call
+from ddpdoctor.lint.analysis import Call
 from ddpdoctor.lint.rules.base import Rule
 
 GRAD_SCALER = "torch.cuda.amp.GradScaler"
@@ -38,7 +38,7 @@ class DeprecatedCudaAmp(Rule):
 
     def check(self) -> None:
         torch_name = self._torch_binding()
-        for call in self.facts.calls_named(GRAD_SCALER, AUTOCAST):
+        for call in self.model.calls_named(GRAD_SCALER, AUTOCAST):
             assert call.name is not None
             written = f"{call.dotted or call.name}(...)"
             if call.dotted != call.name:
@@ -54,9 +54,9 @@ class DeprecatedCudaAmp(Rule):
 
     def _torch_binding(self) -> Optional[str]:
         """The name the module binds to the `torch` package itself (`import torch` / `import torch as th`)."""
-        if self.facts.imports.get("torch") == "torch":
+        if self.model.imports.get("torch") == "torch":
             return "torch"
-        for local, target in self.facts.imports.items():
+        for local, target in self.model.imports.items():
             if target == "torch":
                 return local
         return None
@@ -78,10 +78,10 @@ class DeprecatedCudaAmp(Rule):
         if not args:
             # `GradScaler()`: nothing to keep inside the parentheses, regenerate the whole call.
             new_call = node.with_changes(func=cst.parse_expression(callee), args=[cst.Arg(cst.SimpleString('"cuda"'))])
-            return Fix(description, applicable, (self.replace(node, self.facts.module.code_for_node(new_call)),))
+            return Fix(description, applicable, (self.replace(node, self.model.module.code_for_node(new_call)),))
 
         insertions: dict[tuple[int, int], str] = {}
-        first = self.facts.position(args[0]).start
+        first = self.model.position(args[0]).start
         if isinstance(node.whitespace_before_args, cst.ParenthesizedWhitespace):
             # One argument per line: give "cuda" its own line at the same indentation.
             device_text = '"cuda",\n' + " " * first.column
@@ -93,7 +93,7 @@ class DeprecatedCudaAmp(Rule):
             if len(positional) > len(AUTOCAST_POSITIONAL):
                 applicable = False
             for keyword, arg in zip(AUTOCAST_POSITIONAL, positional):
-                start = self.facts.position(arg).start
+                start = self.model.position(arg).start
                 key = (start.line, start.column + 1)
                 insertions[key] = insertions.get(key, "") + f"{keyword}="
         edits = [self.replace(node.func, callee)]

@@ -7,7 +7,7 @@ from typing import Optional
 import libcst as cst
 
 from ddpdoctor.findings import Fix
-from ddpdoctor.lint.facts import Call, Function
+from ddpdoctor.lint.analysis import Call, Function
 from ddpdoctor.lint.rules.base import Rule
 
 DDP = "torch.nn.parallel.DistributedDataParallel"
@@ -40,20 +40,20 @@ class ForwardBypassesDDP(Rule):
     context_words = ("DistributedDataParallel",)
 
     def check(self) -> None:
-        if not self.facts.calls_named(DDP):
+        if not self.model.calls_named(DDP):
             return
-        for call in self.facts.calls:
+        for call in self.model.calls:
             wrapped = self._wrapped_receiver(call)
             if wrapped is None:
                 continue
             if self._without_grad(call, 0) or not self._trains(call.function, 0):
                 continue
-            wraps = [c for c in self.facts.origin_calls(wrapped, call.order, call.function) if c.name == DDP]
+            wraps = [c for c in self.model.origin_calls(wrapped, call.order, call.function) if c.name == DDP]
             if not wraps:
                 continue  # `.module` of something not known to be DDP (a DataParallel, a plain nn.Module)
             wrap = min(wraps, key=lambda c: c.order)
-            receiver = self.facts.code_of(wrapped)
-            callee = self.facts.code_of(call.node.func)
+            receiver = self.model.code_of(wrapped)
+            callee = self.model.code_of(call.node.func)
             self.report(
                 call.node,
                 f"`{callee}(...)` runs the forward pass on the module inside DistributedDataParallel (wrapped at "
@@ -88,9 +88,9 @@ class ForwardBypassesDDP(Rule):
         in a function decorated with them, or in a helper whose every call site is."""
         for context in call.ctx.withs:
             target = context.func if isinstance(context, cst.Call) else context
-            if self.facts.qualify(target) in NO_GRAD:
+            if self.model.qualify(target) in NO_GRAD:
                 return True
-            if isinstance(context, cst.Call) and self.facts.qualify(context.func) == "torch.set_grad_enabled":
+            if isinstance(context, cst.Call) and self.model.qualify(context.func) == "torch.set_grad_enabled":
                 flag = context.args[0].value if context.args else None
                 if isinstance(flag, cst.Name) and flag.value == "False":
                     return True
@@ -98,7 +98,7 @@ class ForwardBypassesDDP(Rule):
             if self._decorated_no_grad(function):
                 return True
         if call.function is not None and depth < MAX_CALLERS:
-            sites = self.facts.call_sites(call.function)
+            sites = self.model.call_sites(call.function)
             if sites and all(self._without_grad(site, depth + 1) for site in sites):
                 return True
         return False
@@ -111,7 +111,7 @@ class ForwardBypassesDDP(Rule):
             target = decorator.decorator
             if isinstance(target, cst.Call):
                 target = target.func
-            if self.facts.qualify(target) in NO_GRAD:
+            if self.model.qualify(target) in NO_GRAD:
                 return True
         return False
 
@@ -128,9 +128,9 @@ class ForwardBypassesDDP(Rule):
         in a function that (transitively) calls it, and that function is not an evaluation function."""
         if function is not None and any(part.startswith(EVAL_WORDS) for part in function.name.lower().split("_")):
             return False  # `evaluate`, `run_validation`, `test_step`, `sample_images`; not `train_resampled`
-        calls = function.calls if function is not None else [c for c in self.facts.calls if c.function is None]
+        calls = function.calls if function is not None else [c for c in self.model.calls if c.function is None]
         if any(c.attr == "backward" for c in calls):
             return True
         if function is None or depth >= MAX_CALLERS:
             return False
-        return any(self._trains(site.function, depth + 1) for site in self.facts.call_sites(function))
+        return any(self._trains(site.function, depth + 1) for site in self.model.call_sites(function))

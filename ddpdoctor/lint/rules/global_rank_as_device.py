@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import libcst as cst
 
-from ddpdoctor.lint import vocab
+from ddpdoctor.lint.analysis import devices, ranks
 from ddpdoctor.lint.rules.base import Rule
 
 # Device arguments that move data rather than choose the process's device.
@@ -29,29 +29,29 @@ class GlobalRankAsDevice(Rule):
     trigger_words = ("get_rank", "RANK", "rank()", "SLURM_PROCID", "process_index", "global_rank", "world_rank")
 
     def check(self) -> None:
-        facts = self.facts
+        model = self.model
         reported: set[int] = set()
-        for argument in vocab.device_arguments(facts):
+        for argument in devices.device_arguments(model):
             call = argument.call
-            indices = vocab.device_indices(facts, argument.expr, call.order, call.function, argument.ints)
+            indices = devices.device_indices(model, argument.expr, call.order, call.function, argument.ints)
             computed = [i for i in indices if i.kind == "expr"]
             if not computed:
                 continue
             # Each call that selects a device from the rank itself is reported (`set_device(rank)`,
             # `device_ids=[rank]`); a later use of a device object already reported (`.to(device)`,
             # `set_device(self.device)`) is the same mistake and is not reported again.
-            leaves = {id(value) for value, _, _ in facts.leaf_values(argument.expr, call.order, call.function)}
+            leaves = {id(value) for value, _, _ in model.leaf_values(argument.expr, call.order, call.function)}
             direct = argument.where not in MOVES and any(id(i.node) in leaves for i in computed)
             if not direct and any(id(i.node) in reported for i in computed):
                 continue
             # Every computed value must trace to the global rank: a value that may also be the
             # local rank, the spawn index or something unknown is not reported.
-            kinds = {vocab.rank_source(facts, i.node, i.order, i.function) for i in computed}
+            kinds = {ranks.rank_source(model, i.node, i.order, i.function) for i in computed}
             if kinds != {"global"}:
                 continue
             reported.update(id(i.node) for i in computed)
             source = self.origin(computed[0])
-            shown = facts.code_of(source)
+            shown = model.code_of(source)
             if len(shown) > 40:
                 shown = shown[:37] + "..."
             origin = ""
@@ -65,11 +65,11 @@ class GlobalRankAsDevice(Rule):
                 f"hvd.local_rank() or rank % torch.cuda.device_count().",
             )
 
-    def origin(self, index: vocab.DeviceIndex) -> cst.BaseExpression:
+    def origin(self, index: devices.DeviceIndex) -> cst.BaseExpression:
         """Where the global rank is read (`int(os.environ["RANK"])`, `dist.get_rank()`), for the
         message; the index expression itself when that is already the source."""
-        facts = self.facts
-        for value, order, function in facts.leaf_values(index.node, index.order, index.function):
-            if value is not index.node and vocab.rank_source(facts, value, order, function) == "global":
+        model = self.model
+        for value, order, function in model.leaf_values(index.node, index.order, index.function):
+            if value is not index.node and ranks.rank_source(model, value, order, function) == "global":
                 return value
         return index.node

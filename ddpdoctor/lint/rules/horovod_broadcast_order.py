@@ -6,7 +6,7 @@ from typing import Optional
 
 import libcst as cst
 
-from ddpdoctor.lint.facts import Assignment, Call, ModuleFacts, dotted_name
+from ddpdoctor.lint.analysis import Assignment, Call, ModuleModel, dotted_name
 from ddpdoctor.lint.rules.base import Rule
 
 HVD = "horovod.torch"
@@ -23,10 +23,10 @@ ELASTIC_PREFIX = f"{HVD}.elastic."
 MODEL_WORDS = ("state_dict", "parameters", "named_parameters", "model", "net", "params")
 
 
-def first_scope_assignments(facts: ModuleFacts, target: str, call: Call) -> Optional[list[Assignment]]:
+def first_scope_assignments(model: ModuleModel, target: str, call: Call) -> Optional[list[Assignment]]:
     """The assignments to `target` in the scope `call` runs in (its function, or its class's
     methods for `self.x`), or None when other scopes could provide the value."""
-    candidates = facts.assignments_to(target)
+    candidates = model.assignments_to(target)
     if target.startswith("self."):
         function = call.function
         if function is None or function.klass is None:
@@ -58,7 +58,7 @@ class HorovodBroadcastOrder(Rule):
     trigger_words = ("broadcast_optimizer_state", "DistributedOptimizer")
 
     def check(self) -> None:
-        for call in self.facts.calls_named(BROADCAST_OPTIMIZER_STATE):
+        for call in self.model.calls_named(BROADCAST_OPTIMIZER_STATE):
             self._check_optimizer_exists(call)
         self._check_parameters_broadcast()
 
@@ -67,7 +67,7 @@ class HorovodBroadcastOrder(Rule):
         target = dotted_name(optimizer)
         if target is None:
             return
-        assignments = first_scope_assignments(self.facts, target, call)
+        assignments = first_scope_assignments(self.model, target, call)
         if not assignments or any(a.order < call.order for a in assignments):
             return
         first = min(assignments, key=lambda a: a.order)
@@ -79,17 +79,17 @@ class HorovodBroadcastOrder(Rule):
         )
 
     def _check_parameters_broadcast(self) -> None:
-        if not self.facts.calls_named(INIT):
+        if not self.model.calls_named(INIT):
             return
-        wrappers = self.facts.calls_named(DISTRIBUTED_OPTIMIZER)
+        wrappers = self.model.calls_named(DISTRIBUTED_OPTIMIZER)
         if not wrappers:
             return
-        if self.facts.calls_named(BROADCAST_PARAMETERS):
+        if self.model.calls_named(BROADCAST_PARAMETERS):
             return
-        for call in self.facts.calls:
+        for call in self.model.calls:
             if call.name and call.name.startswith(ELASTIC_PREFIX):
                 return
-        for call in self.facts.calls_named(*OTHER_BROADCASTS):
+        for call in self.model.calls_named(*OTHER_BROADCASTS):
             argument = call.arg(0, "tensor") or call.arg(0, "obj")
             if argument is not None and _mentions_model(argument):
                 return

@@ -7,7 +7,7 @@ from typing import Optional
 
 import libcst as cst
 
-from ddpdoctor.lint.facts import MAX_DEPTH, Call, Function, ModuleFacts, dotted_name
+from ddpdoctor.lint.analysis import MAX_DEPTH, Call, Function, ModuleModel, dotted_name
 from ddpdoctor.lint.rules.base import Rule
 
 HVD_MODULES = ("horovod.torch",)
@@ -18,7 +18,7 @@ ADASUM = tuple(f"{m}.Adasum" for m in HVD_MODULES)
 SCALED, UNSCALED, UNKNOWN = "scaled", "unscaled", "unknown"
 
 
-def mentions_size(facts: ModuleFacts, node: Optional[cst.CSTNode], order: int, function: Optional[Function], depth: int = 0) -> bool:
+def mentions_size(model: ModuleModel, node: Optional[cst.CSTNode], order: int, function: Optional[Function], depth: int = 0) -> bool:
     """True when `hvd.size()` (or local_size) appears in an expression, through variables and the
     bodies of local functions it names (an `lr_lambda=warmup` scheduler function)."""
     if node is None or depth > MAX_DEPTH:
@@ -26,19 +26,19 @@ def mentions_size(facts: ModuleFacts, node: Optional[cst.CSTNode], order: int, f
     stack: list[cst.CSTNode] = [node]
     while stack:
         current = stack.pop()
-        if isinstance(current, cst.Call) and facts.qualify(current.func) in SIZE_CALLS:
+        if isinstance(current, cst.Call) and model.qualify(current.func) in SIZE_CALLS:
             return True
         name = dotted_name(current) if isinstance(current, (cst.Name, cst.Attribute)) else None
         if name is not None:
             # reaching_values also sees `lr *= hvd.size()`; leaf_values follows parameters to
             # their call sites in the right scope.
-            for value in facts.reaching_values(current, order, function):  # type: ignore[arg-type]
-                if value is not current and mentions_size(facts, value, order, function, depth + 1):
+            for value in model.reaching_values(current, order, function):  # type: ignore[arg-type]
+                if value is not current and mentions_size(model, value, order, function, depth + 1):
                     return True
-            for value, v_order, v_function in facts.leaf_values(current, order, function):  # type: ignore[arg-type]
-                if value is not current and mentions_size(facts, value, v_order, v_function, depth + 1):
+            for value, v_order, v_function in model.leaf_values(current, order, function):  # type: ignore[arg-type]
+                if value is not current and mentions_size(model, value, v_order, v_function, depth + 1):
                     return True
-            for local in facts.functions_named(name):
+            for local in model.functions_named(name):
                 if any(c.name in SIZE_CALLS for c in local.calls):
                     return True
             continue
@@ -61,13 +61,13 @@ class HorovodLrNotScaled(Rule):
     trigger_words = ("DistributedOptimizer",)
 
     def check(self) -> None:
-        wrappers = self.facts.calls_named(*DISTRIBUTED_OPTIMIZER)
+        wrappers = self.model.calls_named(*DISTRIBUTED_OPTIMIZER)
         if not wrappers or self._scaled_later():
             return
         for wrapper in wrappers:
             op = wrapper.arg(keyword="op")
             if op is not None and any(
-                self.facts.qualify(n) in ADASUM for n in _subexpressions(op)
+                self.model.qualify(n) in ADASUM for n in _subexpressions(op)
             ):
                 continue  # Adasum needs no (or only a local_size) scaling: not this rule's business
             inner = wrapper.arg(0, "optimizer")
@@ -80,11 +80,11 @@ class HorovodLrNotScaled(Rule):
                 verdict = self._classify(lr, constructor.order, constructor.function) if lr is not None else UNSCALED
                 if verdict != UNSCALED:
                     continue
-                written = f"lr={self.facts.code_of(lr)}" if lr is not None else "the default learning rate"
+                written = f"lr={self.model.code_of(lr)}" if lr is not None else "the default learning rate"
                 if lr is not None and dotted_name(lr) is not None:
                     # Say where a variable's value came from: `lr=lr (args.base_lr)`.
-                    leaves = {self.facts.code_of(v) for v, _, _ in self.facts.leaf_values(lr, constructor.order, constructor.function)}
-                    leaves.discard(self.facts.code_of(lr))
+                    leaves = {self.model.code_of(v) for v, _, _ in self.model.leaf_values(lr, constructor.order, constructor.function)}
+                    leaves.discard(self.model.code_of(lr))
                     if len(leaves) == 1:
                         written += f" ({leaves.pop()})"
                 self.report(
@@ -98,7 +98,7 @@ class HorovodLrNotScaled(Rule):
     def _constructors(self, inner: cst.BaseExpression, wrapper: Call) -> list[Call]:
         """The optimizer constructor calls that `inner` comes from."""
         out = []
-        for origin in self.facts.origin_calls(inner, wrapper.order, wrapper.function):
+        for origin in self.model.origin_calls(inner, wrapper.order, wrapper.function):
             name = origin.name or ""
             if name.startswith("torch.optim.") and not name.startswith("torch.optim.lr_scheduler") and name[12:13].isupper():
                 out.append(origin)
@@ -112,7 +112,7 @@ class HorovodLrNotScaled(Rule):
         (literals, argparse defaults) and has no such factor, UNKNOWN otherwise (stay silent)."""
         if depth > MAX_DEPTH:
             return UNKNOWN
-        if mentions_size(self.facts, expr, order, function):
+        if mentions_size(self.model, expr, order, function):
             return SCALED
         if isinstance(expr, (cst.Integer, cst.Float)):
             return UNSCALED
@@ -137,12 +137,12 @@ class HorovodLrNotScaled(Rule):
         if name is None:
             return UNKNOWN
         verdicts = []
-        for value, v_order, v_function in self.facts.leaf_values(expr, order, function):
+        for value, v_order, v_function in self.model.leaf_values(expr, order, function):
             if dotted_name(value) is not None:
                 # A name that cannot be followed further. `args.lr` straight from the command line
                 # is the single-GPU value the user typed; anything else (a config object) is unknown.
                 value_name = dotted_name(value) or ""
-                known = "." in value_name and self.facts.argparse_default(value_name) is not None
+                known = "." in value_name and self.model.argparse_default(value_name) is not None
                 verdicts.append(UNSCALED if known else UNKNOWN)
             else:
                 verdicts.append(self._classify(value, v_order, v_function, depth + 1))
@@ -156,14 +156,14 @@ class HorovodLrNotScaled(Rule):
     def _scaled_later(self) -> bool:
         """`param_group["lr"] = base * hvd.size() * adj` (Horovod's imagenet warmup), or an LR
         scheduler whose arguments multiply by hvd.size()."""
-        for store in self.facts.subscript_stores:
+        for store in self.model.subscript_stores:
             key = store.key
             if isinstance(key, cst.SimpleString) and key.evaluated_value == "lr":
-                if mentions_size(self.facts, store.value, store.order, store.ctx.function):
+                if mentions_size(self.model, store.value, store.order, store.ctx.function):
                     return True
-        for call in self.facts.calls:
+        for call in self.model.calls:
             if call.name and call.name.startswith("torch.optim.lr_scheduler."):
-                if any(mentions_size(self.facts, a.value, call.order, call.function) for a in call.args):
+                if any(mentions_size(self.model, a.value, call.order, call.function) for a in call.args):
                     return True
         return False
 

@@ -6,8 +6,8 @@ from typing import Optional
 
 import libcst as cst
 
-from ddpdoctor.lint import vocab
-from ddpdoctor.lint.facts import Call
+from ddpdoctor.lint.analysis import devices, harness, launch
+from ddpdoctor.lint.analysis import Call
 from ddpdoctor.lint.rules.base import Rule
 
 HOROVOD_TORCH_INIT = "horovod.torch.init"
@@ -29,17 +29,17 @@ class HorovodMissingSetDevice(Rule):
     trigger_words = ("horovod",)
 
     def check(self) -> None:
-        facts = self.facts
+        model = self.model
         inits = [
-            call for call in facts.calls_named(HOROVOD_TORCH_INIT)
-            if vocab.runs_in_module(facts, call.function) and not vocab.in_test_case(call)
+            call for call in model.calls_named(HOROVOD_TORCH_INIT)
+            if launch.runs_in_module(model, call.function) and not harness.in_test_case(call)
         ]
         if not inits:
             return
         use = self.first_cuda_use()
         if use is None:
             return  # a CPU-only Horovod job has nothing to pin
-        if vocab.device_pin_calls(facts) or vocab.visible_devices_writes(facts):
+        if devices.device_pin_calls(model) or devices.visible_devices_writes(model):
             return
         self.report(
             inits[0].node,
@@ -52,17 +52,17 @@ class HorovodMissingSetDevice(Rule):
         """The first place the script puts work on the *current* GPU: `.cuda()` without an index, or
         a device argument that is plain "cuda" (`.to("cuda")`, `torch.device("cuda")`,
         `device="cuda"`). An explicit index (`.cuda(hvd.local_rank())`) does not depend on pinning."""
-        facts = self.facts
+        model = self.model
         uses: list[Call] = []
-        for call in facts.method_calls("cuda"):
+        for call in model.method_calls("cuda"):
             # `model.cuda()`, not a function of the torch.cuda module
             if call.name is None and call.arg(0, "device") is None:
                 uses.append(call)
-        for argument in vocab.device_arguments(facts):
+        for argument in devices.device_arguments(model):
             call = argument.call
             if argument.where == "torch.device()" and call.arg(1, "index") is not None:
                 continue
-            for value, _, _ in facts.leaf_values(argument.expr, call.order, call.function):
+            for value, _, _ in model.leaf_values(argument.expr, call.order, call.function):
                 if isinstance(value, cst.SimpleString) and value.evaluated_value == "cuda":
                     uses.append(call)
                     break

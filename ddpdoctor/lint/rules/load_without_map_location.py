@@ -7,13 +7,7 @@ from typing import Optional
 import libcst as cst
 
 from ddpdoctor.findings import Edit, Fix
-from ddpdoctor.lint.facts import MAX_DEPTH, Call, Function, dotted_name
-from ddpdoctor.lint.rules._pending_analysis import (
-    local_device_expression,
-    multiprocess_setup,
-    runs_on_every_rank,
-    uses_cuda,
-)
+from ddpdoctor.lint.analysis import MAX_DEPTH, Call, Function, Runs, devices, dotted_name, launch, who_runs
 from ddpdoctor.lint.rules.base import Rule
 
 LOAD = "torch.load"
@@ -39,17 +33,17 @@ class LoadWithoutMapLocation(Rule):
     context_words = ("init_process_group", "DistributedDataParallel", "horovod", "deepspeed", "spawn")
 
     def check(self) -> None:
-        facts = self.facts
-        loads = [c for c in facts.calls_named(LOAD) if not self._has_map_location(c)]
+        model = self.model
+        loads = [c for c in model.calls_named(LOAD) if not self._has_map_location(c)]
         if not loads:
             return
-        if multiprocess_setup(facts) is None or not uses_cuda(facts):
+        if launch.multiprocess_evidence(model) is None or not devices.uses_cuda(model):
             return
         restored = self._restored_loads()
         for load in loads:
             if id(load) not in restored:
                 continue  # data (a features cache, a vocabulary), not a checkpoint
-            if not runs_on_every_rank(facts, load):
+            if who_runs(model, load).runs is not Runs.ALL:
                 continue  # rank 0 loads and broadcasts, a single-process branch, or undecidable
             restore = restored[id(load)]
             where = "" if self.line(restore.node) == self.line(load.node) else (
@@ -77,7 +71,7 @@ class LoadWithoutMapLocation(Rule):
 
     def _kwargs_lack_map_location(self, expr: cst.BaseExpression, load: Call) -> bool:
         """True only when every value the `**kwargs` may hold is a dict known to lack the key."""
-        leaves = self.facts.leaf_values(expr, load.order, load.function)
+        leaves = self.model.leaf_values(expr, load.order, load.function)
         if not leaves:
             return False
         for value, _, _ in leaves:
@@ -96,14 +90,14 @@ class LoadWithoutMapLocation(Rule):
                 return False
         # Item assignments (`kwargs["map_location"] = ...`) after the literal: cannot rule them out.
         name = dotted_name(expr)
-        if name is not None and any(dotted_name(store.target) == name for store in self.facts.subscript_stores):
+        if name is not None and any(dotted_name(store.target) == name for store in self.model.subscript_stores):
             return False
         return True
 
     def _restored_loads(self) -> dict[int, Call]:
         """The loads whose result reaches `load_state_dict`, directly, through a key or a helper."""
         out: dict[int, Call] = {}
-        for restore in self.facts.method_calls(*RESTORE_METHODS):
+        for restore in self.model.method_calls(*RESTORE_METHODS):
             state = restore.arg(0, "state_dict")
             for load in self._loads_behind(state, restore.order, restore.function, 0):
                 out.setdefault(id(load), restore)
@@ -118,20 +112,20 @@ class LoadWithoutMapLocation(Rule):
         if root is None or depth > MAX_DEPTH:
             return []
         if isinstance(root, cst.Call):
-            call = self.facts.call_of(root)
+            call = self.model.call_of(root)
             if call is None:
                 return []
             if call.name == LOAD:
                 return [call]
             out: list[Call] = []
-            for helper in self.facts.resolve_local_function(call):
+            for helper in self.model.resolve_local_function(call):
                 for returned in helper.returns:
                     out.extend(self._loads_behind(returned, helper.end_order, helper, depth + 1))
             return out
         if dotted_name(root) is None:
             return []
         out = []
-        for value, v_order, v_function in self.facts.leaf_values(root, order, function):
+        for value, v_order, v_function in self.model.leaf_values(root, order, function):
             if value is not root:
                 out.extend(self._loads_behind(value, v_order, v_function, depth + 1))
         return out
@@ -142,9 +136,9 @@ class LoadWithoutMapLocation(Rule):
         onto the parameters' devices)."""
         if not load.args:
             return None
-        device = local_device_expression(self.facts, load) or '"cpu"'
+        device = devices.local_device_expression(self.model, load) or '"cpu"'
         last = load.args[-1]
-        end = self.facts.position(last.value).end
+        end = self.model.position(last.value).end
         edit = Edit(end.line, end.column + 1, end.line, end.column + 1, f", map_location={device}")
         return Fix(f"pass map_location={device}", applicable=False, edits=(edit,))
 

@@ -6,8 +6,7 @@ from typing import Optional
 
 import libcst as cst
 
-from ddpdoctor.lint import vocab
-from ddpdoctor.lint.facts import Call, dotted_name, names_in
+from ddpdoctor.lint.analysis import Call, Runs, dotted_name, names_in, who_runs
 from ddpdoctor.lint.rules.base import Rule
 
 DATA_LOADER = "torch.utils.data.DataLoader"
@@ -22,7 +21,6 @@ EVAL_WORDS = ("val", "test", "eval", "dev")
 # Words in a dataset's construction that mean it is already split per rank (`shard(rank)`,
 # `Subset(ds, indices[rank::world_size])`, webdataset's `split_by_node`).
 SHARD_WORDS = ("rank", "world_size", "num_replicas", "shard", "split_by_node", "num_shards")
-MAX_CALLERS = 3
 
 
 class MissingDistributedSampler(Rule):
@@ -41,14 +39,14 @@ class MissingDistributedSampler(Rule):
     context_words = ("init_process_group", "DistributedDataParallel", "horovod")
 
     def check(self) -> None:
-        starts = self.facts.calls_named(*DISTRIBUTED_STARTS)
+        starts = self.model.calls_named(*DISTRIBUTED_STARTS)
         if not starts:
             return
         start = min(starts, key=lambda c: c.order)
-        for loader in self.facts.calls_named(DATA_LOADER):
+        for loader in self.model.calls_named(DATA_LOADER):
             if not self._shuffles_without_sampler(loader):
                 continue
-            if self._single_process_only(loader, 0) or self.facts.rank_guard_kind(loader) is not None:
+            if who_runs(self.model, loader).runs not in (Runs.ALL, Runs.UNKNOWN):
                 continue
             if self._is_eval_loader(loader) or self._already_sharded(loader):
                 continue
@@ -72,22 +70,10 @@ class MissingDistributedSampler(Rule):
         if shuffle is None:
             return False
         # Only a shuffle that is True for sure: `shuffle=(train_sampler is None)` is UNKNOWN.
-        return self.facts.const_value(shuffle, loader.order, loader.function) is True
-
-    def _single_process_only(self, call: Call, depth: int) -> bool:
-        """True inside `if not args.distributed:` / the `else` of `if args.distributed:`, or in a helper
-        whose every call site is."""
-        for guard in call.ctx.guards:
-            if vocab.is_not_distributed_test(self.facts, guard.test, guard.negated):
-                return True
-        if call.function is not None and depth < MAX_CALLERS:
-            sites = self.facts.call_sites(call.function)
-            if sites and all(self._single_process_only(site, depth + 1) for site in sites):
-                return True
-        return False
+        return self.model.const_value(shuffle, loader.order, loader.function) is True
 
     def _is_eval_loader(self, loader: Call) -> bool:
-        names = [a.target for a in self.facts.assignments if a.value is loader.node]
+        names = [a.target for a in self.model.assignments if a.value is loader.node]
         if loader.function is not None:
             names.append(loader.function.name)
         for name in names:
@@ -101,7 +87,7 @@ class MissingDistributedSampler(Rule):
         if dataset is None:
             return True  # cannot tell what is loaded: stay silent
         exprs: list[cst.BaseExpression] = [dataset]
-        exprs.extend(c.node for c in self.facts.origin_calls(dataset, loader.order, loader.function))
+        exprs.extend(c.node for c in self.model.origin_calls(dataset, loader.order, loader.function))
         for expr in exprs:
             for name in names_in(expr):
                 last = name.rsplit(".", 1)[-1].lower()

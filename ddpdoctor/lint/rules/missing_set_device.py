@@ -6,8 +6,8 @@ from typing import Optional
 
 import libcst as cst
 
-from ddpdoctor.lint import vocab
-from ddpdoctor.lint.facts import UNKNOWN, Call, dotted_name
+from ddpdoctor.lint.analysis import devices, harness, launch
+from ddpdoctor.lint.analysis import UNKNOWN, Call, dotted_name
 from ddpdoctor.lint.rules.base import Rule
 
 
@@ -28,16 +28,16 @@ class MissingSetDevice(Rule):
     trigger_words = ("nccl", "NCCL")
 
     def check(self) -> None:
-        facts = self.facts
+        model = self.model
         # An init in a helper this module never calls belongs to a library module (a `utils.setup()`):
         # the script that calls it may pin the device itself.
         inits = [
-            call for call in facts.calls_named(vocab.INIT_PROCESS_GROUP)
-            if self.is_nccl(call) and vocab.runs_in_module(facts, call.function) and not vocab.in_test_case(call)
+            call for call in model.calls_named(launch.INIT_PROCESS_GROUP)
+            if self.is_nccl(call) and launch.runs_in_module(model, call.function) and not harness.in_test_case(call)
         ]
         if not inits:
             return
-        if vocab.device_pin_calls(facts) or vocab.visible_devices_writes(facts):
+        if devices.device_pin_calls(model) or devices.visible_devices_writes(model):
             return
         for call in inits:
             self.report(
@@ -54,10 +54,10 @@ class MissingSetDevice(Rule):
         backend = call.arg(0, "backend")
         if backend is None:
             return False
-        values = [self.backend_name(leaf) for leaf, _, _ in self.facts.leaf_values(backend, call.order, call.function)]
+        values = [self.backend_name(leaf) for leaf, _, _ in self.model.leaf_values(backend, call.order, call.function)]
         if any(value is None for value in values):
             # An argparse option or an unknown variable: try its literal value (argparse default).
-            value = self.facts.const_value(backend, call.order, call.function)
+            value = self.model.const_value(backend, call.order, call.function)
             if value is UNKNOWN:
                 value = self.option_default(backend)
             return isinstance(value, str) and "nccl" in value.lower()
@@ -69,15 +69,15 @@ class MissingSetDevice(Rule):
         name = dotted_name(expr)
         if name is None or name.count(".") < 2:
             return UNKNOWN
-        default = self.facts.argparse_default("args." + name.rsplit(".", 1)[-1])
+        default = self.model.argparse_default("args." + name.rsplit(".", 1)[-1])
         if default is None:
             return UNKNOWN
-        return self.facts.const_value(default, 0, None)
+        return self.model.const_value(default, 0, None)
 
     def backend_name(self, expr: cst.BaseExpression) -> Optional[str]:
         if isinstance(expr, cst.SimpleString):
             return str(expr.evaluated_value)
-        name = self.facts.qualify(expr)
+        name = self.model.qualify(expr)
         if name is not None and name.startswith("torch.distributed.Backend."):
             return name.rsplit(".", 1)[-1]
         return None

@@ -7,7 +7,7 @@ from typing import Optional
 import libcst as cst
 
 from ddpdoctor.findings import Edit, Fix
-from ddpdoctor.lint.facts import Call, Function, Loop, dotted_name, names_in
+from ddpdoctor.lint.analysis import Call, Function, Loop, dotted_name, names_in
 from ddpdoctor.lint.rules.base import Rule
 
 SAMPLER = "torch.utils.data.DistributedSampler"
@@ -39,25 +39,25 @@ class MissingSetEpoch(Rule):
     trigger_words = ("DistributedSampler",)
 
     def check(self) -> None:
-        samplers = [s for s in self.facts.calls_named(SAMPLER) if self._shuffles(s)]
+        samplers = [s for s in self.model.calls_named(SAMPLER) if self._shuffles(s)]
         if not samplers:
             return
-        loaders = self.facts.calls_named(DATA_LOADER)
-        set_epochs = self.facts.method_calls("set_epoch")
+        loaders = self.model.calls_named(DATA_LOADER)
+        set_epochs = self.model.method_calls("set_epoch")
         reported: set[tuple[int, int]] = set()
         for sampler in samplers:
             fed = [loader for loader in loaders if self._fed_by(loader, sampler)]
             if not fed:
                 continue
-            for inner in self.facts.loops:
-                sources = [c for c in self.facts.loop_sources(inner) if c.name == DATA_LOADER and c in fed]
+            for inner in self.model.loops:
+                sources = [c for c in self.model.loop_sources(inner) if c.name == DATA_LOADER and c in fed]
                 if not sources or not self._trains(inner):
                     continue
                 for epoch_loop in self._epoch_loops(inner):
                     key = (id(sampler), id(epoch_loop))
                     if key in reported or self._reseeded_each_epoch(sampler, epoch_loop):
                         continue
-                    within = self.facts.calls_within(epoch_loop, depth=MAX_CALLERS)
+                    within = self.model.calls_within(epoch_loop, depth=MAX_CALLERS)
                     setters = [c for c in within if c.attr == "set_epoch" and self._sets_epoch(c, sampler, fed)]
                     if setters:
                         fixed = [c for c in setters if self._fixed_per_epoch(c, epoch_loop, within)]
@@ -82,8 +82,8 @@ class MissingSetEpoch(Rule):
 
     def _report_fixed(self, call: Call, epoch_loop: Loop) -> None:
         value = call.arg(0, "epoch")
-        text = self.facts.code_of(value) if value is not None else ""
-        receiver = self.facts.code_of(call.receiver) if call.receiver is not None else "sampler"
+        text = self.model.code_of(value) if value is not None else ""
+        receiver = self.model.code_of(call.receiver) if call.receiver is not None else "sampler"
         node = epoch_loop.node
         target = node.target.value if isinstance(node, cst.For) and isinstance(node.target, cst.Name) else "epoch"
         self.report(
@@ -125,15 +125,15 @@ class MissingSetEpoch(Rule):
             return False  # `trainer.state.epoch`: an object something else may advance
         if attr and base == "self":
             # Any assignment outside __init__ may be the per-epoch update (a callback we cannot see).
-            return all(a.function is not None and a.function.name == "__init__" for a in self.facts.assignments_to(name))
+            return all(a.function is not None and a.function.name == "__init__" for a in self.model.assignments_to(name))
         if attr:
             if not isinstance(expr, cst.Attribute) or not self._is_options(expr.value, call):
                 return False
         else:
-            reaching = self.facts.reaching_assignments(name, call.order, call.function)
+            reaching = self.model.reaching_assignments(name, call.order, call.function)
             if not reaching or any(a.kind == "param" for a in reaching):
                 return False  # a global of another module, or a helper's parameter: undecidable
-        for assignment in self.facts.assignments_to(name) + (self.facts.assignments_to(base) if attr else []):
+        for assignment in self.model.assignments_to(name) + (self.model.assignments_to(base) if attr else []):
             if self._updated_in_loop(assignment.order, assignment.function, epoch_loop, running):
                 return False
         return True
@@ -141,7 +141,7 @@ class MissingSetEpoch(Rule):
     def _is_options(self, base: cst.BaseExpression, call: Call) -> bool:
         """`args` in `args.epochs`: every value it may hold is the result of `parse_args()`, whose
         attributes only change where this module assigns them."""
-        leaves = self.facts.leaf_values(base, call.order, call.function)
+        leaves = self.model.leaf_values(base, call.order, call.function)
         return bool(leaves) and all(
             isinstance(value, cst.Call)
             and isinstance(value.func, cst.Attribute)
@@ -168,15 +168,15 @@ class MissingSetEpoch(Rule):
             return None
         if not isinstance(node.body, cst.IndentedBlock) or not node.body.body:
             return None
-        bound = [a for a in self.facts.assignments if a.value is sampler.node and a.kind == "assign"]
+        bound = [a for a in self.model.assignments if a.value is sampler.node and a.kind == "assign"]
         if len(bound) != 1:
             return None
         holder = bound[0]
-        if self.facts.reaching_assignments(holder.target, epoch_loop.order, epoch_loop.function) != [holder]:
+        if self.model.reaching_assignments(holder.target, epoch_loop.order, epoch_loop.function) != [holder]:
             return None
         first = node.body.body[0]
-        position = self.facts.position(first)
-        line_text = self.facts.module.code.splitlines()[position.start.line - 1]
+        position = self.model.position(first)
+        line_text = self.model.module.code.splitlines()[position.start.line - 1]
         indent = line_text[: position.start.column]
         if indent.strip():
             return None  # the first statement shares its line with something else
@@ -199,10 +199,10 @@ class MissingSetEpoch(Rule):
     def _trains(self, inner: Loop) -> bool:
         """The loop over the loader trains: a `.backward()` runs in it, directly or in a helper. An
         evaluation loop's order does not matter, so its sampler needs no set_epoch."""
-        return any(c.attr == "backward" for c in self.facts.calls_within(inner, depth=MAX_CALLERS))
+        return any(c.attr == "backward" for c in self.model.calls_within(inner, depth=MAX_CALLERS))
 
     def _name_of(self, sampler: Call) -> str:
-        for assignment in self.facts.assignments:
+        for assignment in self.model.assignments:
             if assignment.value is sampler.node:
                 return assignment.target
         return "sampler"
@@ -215,38 +215,38 @@ class MissingSetEpoch(Rule):
         shuffle = sampler.arg(3, "shuffle")
         if shuffle is None:
             return True
-        return self.facts.const_value(shuffle, sampler.order, sampler.function) is True
+        return self.model.const_value(shuffle, sampler.order, sampler.function) is True
 
     def _fed_by(self, loader: Call, sampler: Call) -> bool:
         """The loader draws from `sampler`: `sampler=sampler`, or `batch_sampler=BatchSampler(sampler, ...)`."""
         chosen = loader.arg(3, "sampler")
-        if chosen is not None and sampler in self.facts.origin_calls(chosen, loader.order, loader.function):
+        if chosen is not None and sampler in self.model.origin_calls(chosen, loader.order, loader.function):
             return True
         batches = loader.arg(4, "batch_sampler")
         if batches is None:
             return False
-        for origin in self.facts.origin_calls(batches, loader.order, loader.function):
+        for origin in self.model.origin_calls(batches, loader.order, loader.function):
             if origin.name == BATCH_SAMPLER:
                 inner = origin.arg(0, "sampler")
-                if inner is not None and sampler in self.facts.origin_calls(inner, origin.order, origin.function):
+                if inner is not None and sampler in self.model.origin_calls(inner, origin.order, origin.function):
                     return True
         return False
 
     def _epoch_loops(self, inner: Loop, depth: int = 0) -> list[Loop]:
         """The loops that run `inner` over and over: loops around it in its function, else the loops
         around the call sites of its function (`train_one_epoch(loader)` called in `for epoch in ...`)."""
-        around = self.facts.enclosing_loops(inner)
+        around = self.model.enclosing_loops(inner)
         if around:
             return around[-1:]  # the outermost: the epoch loop, not a retry loop inside it
         function = inner.function
         if function is None or depth >= MAX_CALLERS:
             return []
         out: list[Loop] = []
-        for site in self.facts.call_sites(function):
+        for site in self.model.call_sites(function):
             if site.loops:
                 out.append(site.loops[0])
                 continue
-            for loop in self.facts.loops:
+            for loop in self.model.loops:
                 if loop.function is site.function and loop.order < site.order < loop.end_order:
                     out.append(loop)
                     break
@@ -259,7 +259,7 @@ class MissingSetEpoch(Rule):
         if function is None or depth >= MAX_CALLERS:
             return []
         out: list[Loop] = []
-        for caller in self.facts.call_sites(function):
+        for caller in self.model.call_sites(function):
             if caller.loops:
                 out.append(caller.loops[0])
             else:
@@ -272,10 +272,10 @@ class MissingSetEpoch(Rule):
         receiver = call.receiver
         if receiver is None:
             return False
-        if sampler in self.facts.origin_calls(receiver, call.order, call.function):
+        if sampler in self.model.origin_calls(receiver, call.order, call.function):
             return True
         if isinstance(receiver, cst.Attribute) and receiver.attr.value in ("sampler", "batch_sampler"):
-            holders = self.facts.origin_calls(receiver.value, call.order, call.function)
+            holders = self.model.origin_calls(receiver.value, call.order, call.function)
             if any(h in fed for h in holders):
                 return True
         return False
@@ -287,5 +287,5 @@ class MissingSetEpoch(Rule):
             return False
         if isinstance(receiver, cst.Attribute) and receiver.attr.value in ("sampler", "batch_sampler"):
             receiver = receiver.value
-        return not self.facts.origin_calls(receiver, call.order, call.function)
+        return not self.model.origin_calls(receiver, call.order, call.function)
 

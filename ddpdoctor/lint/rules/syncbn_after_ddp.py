@@ -22,13 +22,13 @@ class SyncBatchNormAfterDDP(Rule):
     trigger_words = ("convert_sync_batchnorm",)
 
     def check(self) -> None:
-        for convert in self.facts.calls_named(CONVERT):
+        for convert in self.model.calls_named(CONVERT):
             target = convert.arg(0, "module")
             if target is None:
                 continue
             wrappers = [
                 call
-                for call in self.facts.origin_calls(target, convert.order, convert.function)
+                for call in self.model.origin_calls(target, convert.order, convert.function)
                 if call.name == DDP
             ]
             if not wrappers:

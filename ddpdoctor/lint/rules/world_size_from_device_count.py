@@ -6,7 +6,7 @@ from typing import Optional
 
 import libcst as cst
 
-from ddpdoctor.lint import vocab
+from ddpdoctor.lint.analysis import launch
 from ddpdoctor.lint.rules.base import Rule
 
 DEVICE_COUNT = frozenset({"torch.cuda.device_count", "torch.accelerator.device_count"})
@@ -41,15 +41,15 @@ class WorldSizeFromDeviceCount(Rule):
     context_words = ("init_process_group",)
 
     def check(self) -> None:
-        facts = self.facts
-        for call in facts.calls_named(vocab.INIT_PROCESS_GROUP):
+        model = self.model
+        for call in model.calls_named(launch.INIT_PROCESS_GROUP):
             world = call.arg(3, "world_size")
             if world is None:
                 continue
-            leaves = facts.leaf_values(world, call.order, call.function)
+            leaves = model.leaf_values(world, call.order, call.function)
             counts = [
                 leaf for leaf, _, _ in leaves
-                if isinstance(leaf, cst.Call) and facts.qualify(leaf.func) in DEVICE_COUNT
+                if isinstance(leaf, cst.Call) and model.qualify(leaf.func) in DEVICE_COUNT
             ]
             if not counts or len(counts) != len(leaves):
                 continue
@@ -70,11 +70,11 @@ class WorldSizeFromDeviceCount(Rule):
 
     def multi_node_reason(self) -> Optional[str]:
         """Why the script is launched by torchrun/SLURM/MPI or across nodes, or None."""
-        facts = self.facts
-        for key, node in vocab.env_reads(facts):
+        model = self.model
+        for key, node in launch.env_reads(model):
             if key in LAUNCHER_ENV:
                 return f"it reads {key} at line {self.line(node)}"
-        for call in facts.method_calls("add_argument"):
+        for call in model.method_calls("add_argument"):
             for arg in call.args:
                 flag = arg.value
                 if arg.keyword is not None and arg.keyword.value != "dest":
@@ -82,14 +82,14 @@ class WorldSizeFromDeviceCount(Rule):
                 if isinstance(flag, cst.SimpleString):
                     option = str(flag.evaluated_value).lstrip("-").replace("-", "_")
                     if option in NODE_OPTIONS:
-                        return f"option {flag.evaluated_value} at line {self.line(call.node)}"
-        spawns = facts.calls_named(*vocab.SPAWN_CALLS)
+                        return f"option {flag.evaluated_value!s} at line {self.line(call.node)}"
+        spawns = model.calls_named(*launch.SPAWN_CALLS)
         if not spawns:
-            for call in facts.calls_named(vocab.INIT_PROCESS_GROUP):
+            for call in model.calls_named(launch.INIT_PROCESS_GROUP):
                 method = call.arg(1, "init_method")
-                if method is not None and facts.const_value(method, call.order, call.function) == "env://":
+                if method is not None and model.const_value(method, call.order, call.function) == "env://":
                     return f"init_method=\"env://\" at line {self.line(call.node)}"
-        for assignment in facts.assignments:
+        for assignment in model.assignments:
             last = assignment.target.rsplit(".", 1)[-1]
             if last in ("node_rank", "nnodes", "num_nodes"):
                 return f"{assignment.target} at line {self.line(assignment.node)}"

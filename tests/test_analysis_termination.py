@@ -8,7 +8,7 @@ import pytest
 
 from ddpdoctor.config import Settings
 from ddpdoctor.lint.engine import lint_source
-from ddpdoctor.lint.facts import ModuleFacts
+from ddpdoctor.lint.analysis import ModuleModel
 
 RECURSIVE = '''
 import os
@@ -49,7 +49,7 @@ def test_recursive_helpers_terminate_with_every_rule() -> None:
 
 
 def test_memo_answers_unknown_on_a_cycle() -> None:
-    facts = ModuleFacts.build(cst.parse_module("def f(x):\n    return f(x)\n\ny = f(1)\n"))
+    facts = ModuleModel.build(cst.parse_module("def f(x):\n    return f(x)\n\ny = f(1)\n"))
     value = facts.assignments_to("y")[0].value
     calls = facts.origin_calls(value, 10**6, None)
     assert [c.dotted for c in calls][:1] == ["f"]

@@ -1,19 +1,22 @@
-"""The analysis layer: one pass over a parsed module records every fact the rules read.
+"""One module's semantic model: bindings, values per path, loops, calls, functions and the branch
+conditions each statement runs under — recorded in one cheap pass, queried by everything above.
 
-Rules never walk the tree themselves. They ask this module:
+What the model answers:
 
 - what an expression names, with import aliases resolved (`qualify`): `dist.barrier`,
   `torch.distributed.barrier` and `from torch.distributed import barrier` are all
-  `torch.distributed.barrier`;
+  `torch.distributed.barrier` (star imports of torch modules included);
 - every call with its context (`calls`, `calls_named`, `method_calls`): the enclosing function and
   class, the loops around it, the `with` blocks around it and the branch conditions that guard it;
-- assignments and where a value came from (`reaching_values`, `origin_calls`, `const_value`),
-  following variables, `self.` attributes across methods, helper functions' `return`s, function
-  parameters through their call sites in this module, and argparse defaults;
-- whether a call only runs on some ranks (`rank_guard_kind`), including early exits
-  (`if rank != 0: return`) and helpers that are only called under a rank-0 check;
+- assignments and where a value came from (`reaching_values`, `origin_calls`, `const_value`,
+  `leaf_values`), following variables, `self.` attributes across methods, helper functions'
+  `return`s, function parameters through their call sites in this module, and argparse defaults;
 - positions, computed lazily (libcst's PositionProvider costs about one more pass over the tree,
   so it is resolved only for files that produce a finding).
+
+What it does not answer (the topic analyzers above it do): who runs a statement (`ranks`), which
+device a value names (`devices`), whether the script is multi-process (`launch`), test suites
+(`harness`), what a function does for its callers (`summaries`).
 
 Why a hand-written walk rather than libcst's visitor or its scope/qualified-name metadata: on the
 torch sources a bare `CSTVisitor` walk costs ~0.6x the parse and the scope metadata several times the
@@ -23,35 +26,22 @@ costs ~0.05x. The rules need far less than full scope analysis, so we record jus
 
 from __future__ import annotations
 
-import dataclasses
 import itertools
 from dataclasses import dataclass, field
-from typing import Callable, Iterable, Iterator, Optional, Sequence, TypeVar, Union
+from typing import Callable, Optional, Sequence, TypeVar, Union
 
 import libcst as cst
 from libcst.metadata import CodeRange, MetadataWrapper, PositionProvider
 
-from ddpdoctor.lint import vocab
-
-Expr = cst.BaseExpression
-
-# Canonical spellings: torch re-exports the same object from several modules.
-CANONICAL_NAMES: dict[str, str] = {
-    "torch.nn.parallel.distributed.DistributedDataParallel": "torch.nn.parallel.DistributedDataParallel",
-    "torch.nn.DistributedDataParallel": "torch.nn.parallel.DistributedDataParallel",
-    "torch.nn.parallel.data_parallel.DataParallel": "torch.nn.DataParallel",
-    "torch.nn.parallel.DataParallel": "torch.nn.DataParallel",
-    "torch.nn.modules.batchnorm.SyncBatchNorm": "torch.nn.SyncBatchNorm",
-    "torch.nn.modules.SyncBatchNorm": "torch.nn.SyncBatchNorm",
-    "torch.utils.data.distributed.DistributedSampler": "torch.utils.data.DistributedSampler",
-    "torch.utils.data.dataloader.DataLoader": "torch.utils.data.DataLoader",
-    "torch.distributed.distributed_c10d": "torch.distributed",
-    "torch.cuda.amp.grad_scaler.GradScaler": "torch.cuda.amp.GradScaler",
-    "torch.cuda.amp.autocast_mode.autocast": "torch.cuda.amp.autocast",
-    "torch.nn.utils.clip_grad.clip_grad_norm_": "torch.nn.utils.clip_grad_norm_",
-    "torch.nn.utils.clip_grad.clip_grad_value_": "torch.nn.utils.clip_grad_value_",
-    "torch.multiprocessing.spawn.spawn": "torch.multiprocessing.spawn",
-}
+from ddpdoctor.lint.analysis.syntax import (
+    UNKNOWN,
+    Expr,
+    canonical,
+    child_fields,
+    contains,
+    dotted_name,
+    exits,
+)
 
 # Methods that return (a view of) their receiver for the purposes of "where did this come from".
 PASS_THROUGH_METHODS = frozenset(
@@ -64,6 +54,8 @@ MAX_DEPTH = 6
 # How many distinct value-following questions one module may ask before every further one
 # answers "unknown": a hard ceiling on analysis time for pathological files.
 STEP_BUDGET = 200_000
+# How many distinct paths one value may arrive by before following it gives up.
+MAX_ROUTES = 64
 _IN_PROGRESS = object()
 T = TypeVar("T")
 
@@ -72,26 +64,7 @@ T = TypeVar("T")
 ITERATION_WRAPPERS = frozenset({"enumerate", "iter", "tqdm", "islice", "zip", "reversed", "log_every"})
 
 
-def canonical(name: str) -> str:
-    for prefix, replacement in CANONICAL_NAMES.items():
-        if name == prefix or name.startswith(prefix + "."):
-            return replacement + name[len(prefix):]
-    return name
-
-
-def dotted_name(node: Optional[cst.CSTNode]) -> Optional[str]:
-    """`a.b.c` for Name/Attribute chains, else None."""
-    parts: list[str] = []
-    while isinstance(node, cst.Attribute):
-        parts.append(node.attr.value)
-        node = node.value
-    if isinstance(node, cst.Name):
-        parts.append(node.value)
-        return ".".join(reversed(parts))
-    return None
-
-
-# --------------------------------------------------------------------------------------------- facts
+# --------------------------------------------------------------------------------------------- model
 
 
 @dataclass(eq=False)
@@ -215,55 +188,36 @@ class SubscriptStore:
     ctx: Context
 
 
+@dataclass(frozen=True, eq=False)
+class Route:
+    """One way a value reaches a use: the final expression, where it is evaluated, and the
+    assignments and call sites it passes through on the way (nearest the use first)."""
+
+    value: Expr
+    order: int
+    function: Optional[Function]
+    via: tuple[Union["Call", "Assignment"], ...] = ()
+
+    def key(self) -> tuple[int, ...]:
+        return (id(self.value), self.order, id(self.function), *map(id, self.via))
+
+    def through(self, step: Union["Call", "Assignment"]) -> "Route":
+        return Route(self.value, self.order, self.function, (step, *self.via))
+
+
 # ------------------------------------------------------------------------------------------ builder
-
-_SKIP_FIELD_PREFIXES = (
-    "whitespace", "lpar", "rpar", "comma", "leading_lines", "lines_after", "header", "footer",
-    "semicolon", "equal", "colon", "dot", "operator", "star", "lbracket", "rbracket", "lbrace",
-    "rbrace", "asynchronous", "trailing_whitespace", "first_line", "last_line", "newline",
-)
-_field_cache: dict[type, tuple[str, ...]] = {}
-
-
-def _child_fields(cls: type) -> tuple[str, ...]:
-    names = _field_cache.get(cls)
-    if names is None:
-        names = tuple(
-            f.name for f in dataclasses.fields(cls) if not f.name.startswith(_SKIP_FIELD_PREFIXES)
-        )
-        _field_cache[cls] = names
-    return names
-
-
-def _exits(block: cst.BaseSuite) -> bool:
-    """True when a block always leaves its enclosing block (return/raise/continue/break/exit())."""
-    body = block.body
-    if not body:
-        return False
-    last = body[-1]
-    if isinstance(last, cst.SimpleStatementLine):
-        small = last.body[-1] if last.body else None
-        if isinstance(small, (cst.Return, cst.Raise, cst.Continue, cst.Break)):
-            return True
-        if isinstance(small, cst.Expr) and isinstance(small.value, cst.Call):
-            name = dotted_name(small.value.func)
-            return name in {"exit", "sys.exit", "quit", "os._exit"}
-    if isinstance(last, cst.SimpleStatementSuite):
-        small = last.body[-1] if last.body else None
-        return isinstance(small, (cst.Return, cst.Raise, cst.Continue, cst.Break))
-    return False
 
 
 class _Builder:
-    def __init__(self, facts: "ModuleFacts") -> None:
-        self.facts = facts
+    def __init__(self, model: "ModuleModel") -> None:
+        self.model = model
         self.counter = itertools.count(1)
         self.function: Optional[Function] = None
         self.klass: Optional[str] = None
         self.loops: list[Loop] = []
         self.guards: list[Guard] = []
         self.withs: list[Expr] = []
-        self.statement_node: cst.CSTNode = facts.module
+        self.statement_node: cst.CSTNode = model.module
 
     def context(self) -> Context:
         return Context(self.function, self.klass, tuple(self.loops), tuple(self.guards), tuple(self.withs))
@@ -277,7 +231,7 @@ class _Builder:
             if (
                 isinstance(statement, cst.If)
                 and statement.orelse is None
-                and _exits(statement.body)
+                and exits(statement.body)
             ):
                 # `if rank != 0: return` guards everything after it in this block.
                 self.guards.append(Guard(statement.test, True, next(self.counter), self.function))
@@ -360,7 +314,7 @@ class _Builder:
         self.suite(node.body)
         self.loops.pop()
         loop.end_order = next(self.counter)
-        self.facts.loops.append(loop)
+        self.model.loops.append(loop)
         if node.orelse is not None:
             self.suite(node.orelse.body)  # runs once, after the loop: not part of it
 
@@ -386,11 +340,11 @@ class _Builder:
             order=next(self.counter),
             parent=self.function,
         )
-        self.facts.functions.append(function)
+        self.model.functions.append(function)
         saved = (self.function, self.loops, self.guards, self.withs)
         self.function, self.loops, self.guards, self.withs = function, [], [], []
         for param in all_params:
-            self.facts._add_assignment(
+            self.model._add_assignment(
                 Assignment(param.name.value, param.default, "param", next(self.counter), self.context(), param)
             )
         self.suite(node.body)
@@ -427,11 +381,11 @@ class _Builder:
                 if alias.asname is not None:
                     local = dotted_name(alias.asname.name)
                     if local:
-                        self.facts.imports[local] = full
+                        self.model.imports[local] = full
                 else:
                     root = full.split(".")[0]
-                    self.facts.imports[root] = root
-                    self.facts.imported_modules.add(full)
+                    self.model.imports[root] = root
+                    self.model.imported_modules.add(full)
         elif isinstance(small, cst.ImportFrom):
             module = dotted_name(small.module) if small.module is not None else None
             if module is None or small.relative or isinstance(small.names, cst.ImportStar):
@@ -442,7 +396,7 @@ class _Builder:
                     continue
                 local = dotted_name(alias.asname.name) if alias.asname is not None else name
                 if local:
-                    self.facts.imports[local] = f"{module}.{name}"
+                    self.model.imports[local] = f"{module}.{name}"
         else:
             self.expr(small)
 
@@ -468,14 +422,14 @@ class _Builder:
         if name is None:
             self.expr(target)
             return []
-        self.facts._add_assignment(Assignment(name, value, kind, next(self.counter), self.context(), node))
+        self.model._add_assignment(Assignment(name, value, kind, next(self.counter), self.context(), node))
         return [name]
 
     def record_subscript_store(self, target: cst.Subscript, value: Expr, op: Optional[str]) -> None:
         key = None
         if len(target.slice) == 1 and isinstance(target.slice[0].slice, cst.Index):
             key = target.slice[0].slice.value
-        self.facts.subscript_stores.append(
+        self.model.subscript_stores.append(
             SubscriptStore(target.value, key, value, op, next(self.counter), self.context())
         )
 
@@ -490,7 +444,7 @@ class _Builder:
             if isinstance(node, cst.Call):
                 self.record_call(node)
             pending.clear()
-            for name in _child_fields(type(node)):
+            for name in child_fields(type(node)):
                 value = getattr(node, name)
                 if isinstance(value, cst.CSTNode):
                     pending.append(value)
@@ -505,21 +459,21 @@ class _Builder:
             node=node,
             order=next(self.counter),
             ctx=self.context(),
-            name=self.facts.qualify(node.func),
+            name=self.model.qualify(node.func),
             dotted=dotted,
             statement=self.statement_node,
         )
-        self.facts.calls.append(call)
-        self.facts._call_by_node[id(node)] = call
+        self.model.calls.append(call)
+        self.model._call_by_node[id(node)] = call
         if self.function is not None:
             self.function.calls.append(call)
 
 
-# -------------------------------------------------------------------------------------------- facts
+# -------------------------------------------------------------------------------------------- model
 
 
-class ModuleFacts:
-    """Everything the rules know about one module. Build with `ModuleFacts.build(module)`."""
+class ModuleModel:
+    """Everything the rules know about one module. Build with `ModuleModel.build(module)`."""
 
     def __init__(self, module: cst.Module, path: str = "<string>", world_size: Optional[int] = None) -> None:
         self.module = module
@@ -545,9 +499,9 @@ class ModuleFacts:
         self._steps = 0
 
     @classmethod
-    def build(cls, module: cst.Module, path: str = "<string>", world_size: Optional[int] = None) -> "ModuleFacts":
-        facts = cls(module, path, world_size)
-        builder = _Builder(facts)
+    def build(cls, module: cst.Module, path: str = "<string>", world_size: Optional[int] = None) -> "ModuleModel":
+        model = cls(module, path, world_size)
+        builder = _Builder(model)
         # Imports first: a later `import` still names what earlier calls in functions mean at run time.
         for statement in module.body:
             if isinstance(statement, cst.SimpleStatementLine):
@@ -555,7 +509,7 @@ class ModuleFacts:
                     if isinstance(small, (cst.Import, cst.ImportFrom)):
                         builder.small(small, statement)
         builder.block(module.body)
-        return facts
+        return model
 
     # ---- names
 
@@ -616,6 +570,24 @@ class ModuleFacts:
                                 continue
                             self._call_sites.setdefault(id(fn), []).append(call)
         return self._call_sites.get(id(function), [])
+
+    def callers(self, function: Function) -> list[Call]:
+        """Every call in this module that may invoke `function`: `call_sites`, plus `trainer.fit()`
+        where `trainer = Trainer(...)` was built here (a method called through an instance), and
+        `Trainer(...)` itself for `__init__`."""
+        sites = list(self.call_sites(function))
+        if function.klass is None:
+            return sites
+        if function.name == "__init__":
+            # `Trainer(...)` runs `Trainer.__init__`.
+            sites.extend(call for call in self.calls if call.dotted == function.klass and call.name is None)
+        for call in self.method_calls(function.name):
+            receiver = call.receiver
+            if receiver is None or dotted_name(receiver) in ("self", "cls", function.klass):
+                continue
+            if any(origin.dotted == function.klass for origin in self.origin_calls(receiver, call.order, call.function)):
+                sites.append(call)
+        return sites
 
     # ---- assignments and values
 
@@ -679,7 +651,7 @@ class ModuleFacts:
 
     def argument_values(self, function: Function, param: str) -> list[Expr]:
         """The expressions passed for `param` at this module's call sites of `function`."""
-        return [value for value, _, _ in self._argument_sites(function, param)]
+        return [value for value, _ in self._argument_sites(function, param)]
 
     def memoized(self, key: tuple[object, ...], compute: "Callable[[], T]", unknown: "T") -> "T":
         """Run a value-following query once per key. A query that re-enters itself (a cycle) or
@@ -705,7 +677,8 @@ class ModuleFacts:
         if expr is None or depth > MAX_DEPTH:
             return []
         key = ("origin", id(expr), order, id(function))
-        return list(self.memoized(key, lambda: self._origin_calls(expr, order, function, depth), []))
+        empty: list[Call] = []
+        return list(self.memoized(key, lambda: self._origin_calls(expr, order, function, depth), empty))
 
     def _origin_calls(self, expr: Optional[Expr], order: int, function: Optional[Function], depth: int = 0) -> list[Call]:
         """The calls that may have produced the value of `expr`, following variables, helpers,
@@ -760,74 +733,100 @@ class ModuleFacts:
         site = self._value_sites.get(id(value))
         if site is not None:
             return site
-        call = self.call_of(value)
-        if call is not None:
-            return call.order, call.function
+        evaluated = self.call_of(value)
+        if evaluated is not None:
+            return evaluated.order, evaluated.function
         return order, function
 
     def leaf_values(
         self, expr: Optional[Expr], order: int, function: Optional[Function], depth: int = 0
     ) -> list[tuple[Expr, int, Optional[Function]]]:
+        """Every expression a value may finally be, each with the order and function it is evaluated
+        in (`routes` without the paths)."""
+        return [(route.value, route.order, route.function) for route in self.routes(expr, order, function, depth)]
+
+    def routes(self, expr: Optional[Expr], order: int, function: Optional[Function], depth: int = 0) -> list[Route]:
+        """Every expression a value may finally be, each with the path it takes to get here: the
+        assignments and call sites it passes through. A caller that knows which processes run each
+        step (`ranks.route_runs`) can then drop values that only arrive on paths the sink never sees.
+
+        Follows plain variables, `self.` attributes, parameters through this module's call sites,
+        their defaults where some call site omits the argument (or none calls the function: an entry
+        point), and both arms of `a if c else b`. What cannot be followed further (a name never
+        assigned here such as an argparse attribute, a parameter without call sites, an augmented
+        assignment, tuple unpacking, a loop target) comes back as the expression itself, so a rule
+        asking "is every value a literal?" gets "no" and stays silent."""
         if expr is None:
             return []
-        key = ("leaf", id(expr), order, id(function))
-        return list(
-            self.memoized(key, lambda: self._leaf_values(expr, order, function, depth), [(expr, order, function)])
-        )
+        key = ("routes", id(expr), order, id(function))
+        fallback = [Route(expr, order, function, ())]
+        return list(self.memoized(key, lambda: self._routes(expr, order, function, depth), fallback))
 
-    def _leaf_values(
-        self, expr: Optional[Expr], order: int, function: Optional[Function], depth: int = 0
-    ) -> list[tuple[Expr, int, Optional[Function]]]:
-        """Every expression a value may finally be, each with the order and function it is evaluated in.
-
-        Follows plain variables, `self.` attributes, parameters through this module's call sites
-        (and their defaults) and both arms of `a if c else b`. What cannot be followed further (a
-        name never assigned here such as an argparse attribute, a parameter without call sites, an
-        augmented assignment, tuple unpacking, a loop target) comes back as the expression itself,
-        so a rule asking "is every value a literal?" gets "no" and stays silent."""
-        if expr is None:
-            return []
+    def _routes(self, expr: Expr, order: int, function: Optional[Function], depth: int) -> list[Route]:
+        here = [Route(expr, order, function, ())]
         if depth > MAX_DEPTH:
-            return [(expr, order, function)]
+            return here
         if isinstance(expr, cst.IfExp):
-            return self.leaf_values(expr.body, order, function, depth + 1) + self.leaf_values(
+            return self.routes(expr.body, order, function, depth + 1) + self.routes(
                 expr.orelse, order, function, depth + 1
             )
         name = dotted_name(expr)
         if name is None:
-            return [(expr, order, function)]
+            return here
         assignments = self.reaching_assignments(name, order, function)
         if not assignments:
-            return [(expr, order, function)]
-        out: list[tuple[Expr, int, Optional[Function]]] = []
+            return here
+        out: list[Route] = []
         for assignment in assignments:
             if assignment.kind == "param" and assignment.function is not None:
                 sources = self._argument_sites(assignment.function, name)
-                if assignment.value is not None:  # the default, evaluated where the def runs
-                    sources.append((assignment.value, assignment.order, assignment.function.parent))
-                if not sources:
-                    out.append((expr, order, function))
-                for value, v_order, v_function in sources:
-                    out.extend(self.leaf_values(value, v_order, v_function, depth + 1))
+                if assignment.value is not None and self._default_used(assignment.function, name):
+                    # The default, evaluated where the def runs.
+                    out.extend(self.routes(assignment.value, assignment.order, assignment.function.parent, depth + 1))
+                elif not sources:
+                    out.extend(here)
+                for value, site in sources:
+                    out.extend(route.through(site) for route in self.routes(value, site.order, site.function, depth + 1))
             elif assignment.kind in ("assign", "annassign") and assignment.value is not None:
-                out.extend(self.leaf_values(assignment.value, assignment.order, assignment.function, depth + 1))
+                out.extend(
+                    route.through(assignment)
+                    for route in self.routes(assignment.value, assignment.order, assignment.function, depth + 1)
+                )
             else:
-                out.append((expr, order, function))
-        return out
+                out.extend(here)
+        unique = list({route.key(): route for route in out}.values())
+        # Paths multiply through helpers with many call sites; past a bound the value counts as not
+        # followed (the expression itself), which keeps the rules silent rather than slow.
+        return unique if len(unique) <= MAX_ROUTES else here
 
-    def _argument_sites(self, function: Function, param: str) -> list[tuple[Expr, int, Optional[Function]]]:
-        """Like `argument_values`, with the order and function of each call site."""
-        try:
-            index = function.params.index(param)
-        except ValueError:
-            return []
+    def _default_used(self, function: Function, param: str) -> bool:
+        """True when some call site in this module omits `param` (without `*args`/`**kwargs` that
+        may carry it), or nothing here calls the function (an entry point, a callback)."""
+        sites = self.call_sites(function)
+        if not sites:
+            return True
+        index = self._param_index(function, param)
+        return any(
+            site.arg(position=index if index >= 0 else None, keyword=param) is None and not site.has_star_args()
+            for site in sites
+        )
+
+    def _param_index(self, function: Function, param: str) -> int:
+        index = function.params.index(param)
         if function.klass is not None and function.params and function.params[0] in ("self", "cls"):
             index -= 1
-        out: list[tuple[Expr, int, Optional[Function]]] = []
+        return index
+
+    def _argument_sites(self, function: Function, param: str) -> list[tuple[Expr, Call]]:
+        """The expressions passed for `param` at this module's call sites of `function`, with the site."""
+        if param not in function.params:
+            return []
+        index = self._param_index(function, param)
+        out: list[tuple[Expr, Call]] = []
         for site in self.call_sites(function):
             value = site.arg(position=index if index >= 0 else None, keyword=param)
             if value is not None:
-                out.append((value, site.order, site.function))
+                out.append((value, site))
         return out
 
     def resolve_local_function(self, call: Call) -> list[Function]:
@@ -970,7 +969,7 @@ class ModuleFacts:
         outer = [
             other for other in self.loops
             if other is not loop and other.function is loop.function
-            and other.order < loop.order and loop.end_order < other.end_order
+            and contains(other, loop.order)
         ]
         return sorted(outer, key=lambda other: other.order, reverse=True)
 
@@ -980,7 +979,7 @@ class ModuleFacts:
         seen: set[int] = set()
         out: list[Call] = []
         frontier = [
-            c for c in self.calls if c.function is loop.function and loop.order < c.order < loop.end_order
+            c for c in self.calls if c.function is loop.function and contains(loop, c.order)
         ]
         for _ in range(depth + 1):
             next_frontier: list[Call] = []
@@ -993,25 +992,6 @@ class ModuleFacts:
                     next_frontier.extend(helper.calls)
             frontier = next_frontier
         return out
-
-    # ---- rank guards
-
-    def rank_guard_kind(self, call: Union[Call, Assignment], depth: int = 0) -> Optional[str]:
-        """"rank0" when the statement only runs on the main process (rank 0 / local rank 0 /
-        not distributed), "nonzero" when only on the other ranks, else None. Follows helpers:
-        a function whose every call site in this module is rank-0 guarded counts as guarded."""
-        for guard in reversed(call.ctx.guards):
-            kind = vocab.classify_rank_test(self, guard.test, guard.order, guard.function, guard.negated)
-            if kind is not None:
-                return kind
-        function = call.function
-        if function is not None and depth < 3:
-            sites = self.call_sites(function)
-            if sites:
-                kinds = {self.rank_guard_kind(site, depth + 1) for site in sites}
-                if len(kinds) == 1:
-                    return kinds.pop()
-        return None
 
     # ---- positions (lazy)
 
@@ -1050,48 +1030,3 @@ def _class_of(assignment: Assignment) -> Optional[str]:
         fn = fn.parent
     return assignment.ctx.klass
 
-
-class _Unknown:
-    def __repr__(self) -> str:
-        return "UNKNOWN"
-
-    def __bool__(self) -> bool:
-        return False
-
-
-UNKNOWN: object = _Unknown()
-
-
-def walk(node: cst.CSTNode, skip: Optional[Callable[[cst.CSTNode], bool]] = None) -> Iterator[cst.CSTNode]:
-    """Every statement/expression node in a subtree (whitespace and token nodes skipped), in no
-    particular order; `skip` prunes a node and everything under it. The same cheap walk the builder
-    uses, for rules' rare deeper questions."""
-    stack: list[cst.CSTNode] = [node]
-    while stack:
-        current = stack.pop()
-        if skip is not None and skip(current):
-            continue
-        yield current
-        for name in _child_fields(type(current)):
-            value = getattr(current, name)
-            if isinstance(value, cst.CSTNode):
-                stack.append(value)
-            elif type(value) in (tuple, list):
-                stack.extend(v for v in value if isinstance(v, cst.CSTNode))
-
-
-def names_in(node: cst.CSTNode) -> Iterable[str]:
-    """Every dotted name (Name/Attribute chain) read in a subtree, outermost chains only."""
-    stack: list[cst.CSTNode] = [node]
-    while stack:
-        current = stack.pop()
-        name = dotted_name(current)
-        if name is not None:
-            yield name
-            continue
-        for field_name in _child_fields(type(current)):
-            value = getattr(current, field_name)
-            if isinstance(value, cst.CSTNode):
-                stack.append(value)
-            elif type(value) in (tuple, list):
-                stack.extend(v for v in value if isinstance(v, cst.CSTNode))

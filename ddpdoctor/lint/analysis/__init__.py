@@ -1,0 +1,47 @@
+"""The analysis layer: what the rules know about the code, layered bottom-up.
+
+    syntax     dotted names, walks, literals, canonical torch names (imports nothing of ddpdoctor)
+    imports    the project's own modules: import resolution, lazy parsing (ProjectSources)
+    model      one module: bindings, values per path, loops, calls, functions, guards
+    harness    test-suite detection
+    launch     launch evidence: is this one of several processes; what the launcher's environment says
+    ranks      who runs this: all ranks / rank 0 / the others / a subset / single-process only
+    devices    which GPU a value names; what pins a process's device
+    summaries  what a function does for its callers, linked across the project's modules
+
+Nothing below imports anything above (tests/test_analysis_layering.py enforces it). Rules import
+only from this package.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import libcst as cst
+
+from ddpdoctor.lint.analysis import devices, harness, launch, ranks, syntax
+from ddpdoctor.lint.analysis.model import (
+    MAX_DEPTH,
+    Assignment,
+    Call,
+    Context,
+    Function,
+    Guard,
+    Loop,
+    ModuleModel,
+    Route,
+    SubscriptStore,
+)
+from ddpdoctor.lint.analysis.ranks import Runs, WhoRuns, route_runs, who_runs
+from ddpdoctor.lint.analysis.syntax import UNKNOWN, Expr, contains, dotted_name, names_in, walk
+
+__all__ = [
+    "MAX_DEPTH", "UNKNOWN", "Assignment", "Call", "Context", "Expr", "Function", "Guard", "Loop",
+    "ModuleModel", "Route", "Runs", "SubscriptStore", "WhoRuns", "build_analysis", "contains", "devices",
+    "dotted_name", "harness", "launch", "names_in", "ranks", "syntax", "route_runs", "walk", "who_runs",
+]
+
+
+def build_analysis(module: cst.Module, path: str = "<string>", *, world_size: Optional[int] = None) -> ModuleModel:
+    """The analysis of one parsed module, as the rules query it."""
+    return ModuleModel.build(module, path, world_size)

@@ -1,0 +1,297 @@
+"""Which GPU a process uses: the calls that pin it, the arguments that name a device, the idiom of
+one visible GPU per process, and what each device value says about the index."""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from dataclasses import dataclass
+from typing import Optional, Union
+
+import libcst as cst
+
+from ddpdoctor.lint.analysis.launch import DDP_CLASS, INIT_PROCESS_GROUP
+from ddpdoctor.lint.analysis.model import MAX_DEPTH, Assignment, Call, Function, ModuleModel
+from ddpdoctor.lint.analysis.ranks import rank_source
+from ddpdoctor.lint.analysis.syntax import dotted_name, walk
+
+# Calls that make a device the process's current one (a call or a `with` context).
+DEVICE_PIN_CALLS = frozenset(
+    {
+        "torch.cuda.set_device",
+        "torch.cuda.device",
+        "torch.accelerator.set_device_index",
+        "torch.accelerator.device_index",
+    }
+)
+# Calls whose first argument is a CUDA device index (an int means that GPU).
+DEVICE_INDEX_CALLS = DEVICE_PIN_CALLS
+# Helpers of the project's own that, by their name, pick this process's device
+# (`set_device(...)`, timm's `init_distributed_device(args)`, `setup_device(local_rank)`).
+_PIN_HELPER = re.compile(r"^(set|setup|init|pin|select|assign)_?(\w*_)?(device|gpu|cuda)s?(_\w*)?$", re.IGNORECASE)
+_CUDA_INDEX = re.compile(r"^cuda:(\d+)$")
+_CUDA_PERCENT = re.compile(r"^cuda:%[dis]$")
+VISIBLE_DEVICES_KEYS = frozenset({"CUDA_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES", "NVIDIA_VISIBLE_DEVICES"})
+
+
+def device_pin_calls(model: ModuleModel) -> list[Call]:
+    """Calls that pin this process's device: `torch.cuda.set_device(x)`, `with torch.cuda.device(x)`,
+    `torch.accelerator.set_device_index(x)`, `init_process_group(..., device_id=x)`, or a helper
+    whose name says it does (`utils.set_device(...)`, `init_distributed_device(args)`)."""
+    out: list[Call] = []
+    for call in model.calls:
+        if call.name in DEVICE_PIN_CALLS:
+            out.append(call)
+        elif call.name == INIT_PROCESS_GROUP and call.arg(keyword="device_id") is not None:
+            out.append(call)
+        elif call.attr is not None and _PIN_HELPER.match(call.attr) and not (call.name or "").startswith("torch."):
+            out.append(call)
+    return out
+
+
+def visible_devices_writes(model: ModuleModel) -> list[cst.CSTNode]:
+    """Where the script sets `CUDA_VISIBLE_DEVICES` itself (`os.environ["CUDA_VISIBLE_DEVICES"] =
+    str(local_rank)`, `os.environ.setdefault(...)`, `env["CUDA_VISIBLE_DEVICES"] = ...` for a child
+    process, `os.putenv(...)`). A process that sees one GPU finds it at index 0, so `cuda:0` is then
+    its own device."""
+    out: list[cst.CSTNode] = []
+    for store in model.subscript_stores:
+        if isinstance(store.key, cst.SimpleString) and store.key.evaluated_value in VISIBLE_DEVICES_KEYS:
+            out.append(store.value)
+    for call in model.calls_named("os.environ.setdefault", "os.putenv"):
+        key = call.arg(0)
+        if isinstance(key, cst.SimpleString) and key.evaluated_value in VISIBLE_DEVICES_KEYS:
+            out.append(call.node)
+    for call in model.method_calls("update"):
+        for arg in call.args:
+            if isinstance(arg.value, cst.Dict):
+                for element in arg.value.elements:
+                    key = getattr(element, "key", None)
+                    if isinstance(key, cst.SimpleString) and key.evaluated_value in VISIBLE_DEVICES_KEYS:
+                        out.append(call.node)
+            elif arg.keyword is not None and arg.keyword.value in VISIBLE_DEVICES_KEYS:
+                out.append(call.node)
+    return out
+
+
+
+
+@dataclass(eq=False)
+class DeviceArgument:
+    """An argument that names a device: `set_device(x)`, `device_ids=[x]`, `.cuda(x)`, `.to(x)`,
+    `torch.device(x)`, `device=x`, `map_location=x`."""
+
+    call: Call
+    expr: cst.BaseExpression
+    where: str  # how a message names it: "torch.cuda.set_device()", "device_ids", ".to()", ...
+    ints: bool  # a bare int here means a CUDA device index
+
+
+def device_arguments(model: ModuleModel) -> list[DeviceArgument]:
+    out: list[DeviceArgument] = []
+    for call in model.calls:
+        name = call.name
+        if name in DEVICE_INDEX_CALLS:
+            expr = call.arg(0, "device")
+            if expr is not None:
+                out.append(DeviceArgument(call, expr, f"{name}()", True))
+            continue
+        if name == DDP_CLASS:
+            ids = call.arg(1, "device_ids")
+            if isinstance(ids, (cst.List, cst.Tuple)):
+                for element in ids.elements:
+                    if not isinstance(element, cst.StarredElement):
+                        out.append(DeviceArgument(call, element.value, "device_ids", True))
+            output = call.arg(2, "output_device")
+            if output is not None:
+                out.append(DeviceArgument(call, output, "output_device", True))
+            continue
+        if name == "torch.device":
+            expr = call.arg(0, "type")
+            if expr is not None:
+                out.append(DeviceArgument(call, expr, "torch.device()", True))
+            index = call.arg(1, "index")
+            if index is not None:
+                out.append(DeviceArgument(call, index, "torch.device()", True))
+            continue
+        if name is None and isinstance(call.node.func, cst.Attribute) and call.attr in ("cuda", "to"):
+            expr = call.arg(0, "device")
+            if expr is not None:
+                out.append(DeviceArgument(call, expr, f".{call.attr}()", True))
+            continue
+        for keyword in ("device", "map_location"):
+            expr = call.arg(keyword=keyword)
+            if expr is not None:
+                ints = keyword == "device" and (name or "").startswith("torch.")
+                out.append(DeviceArgument(call, expr, f"{keyword}=", ints))
+    return out
+
+
+@dataclass(eq=False)
+class DeviceIndex:
+    """What one value of a device argument says about the GPU index.
+
+    kind "literal": hard-coded (`0`, `"cuda:1"`, `torch.device("cuda", 0)`); `node` is the literal.
+    kind "expr": computed; `node` is the index expression (`rank` in `f"cuda:{rank}"`).
+    kind "other": no index (`"cuda"`, `"cpu"`, a dtype, a value that cannot be followed)."""
+
+    kind: str
+    node: cst.BaseExpression
+    order: int
+    function: Optional[Function]
+    index: Optional[int] = None
+    via: tuple[Union[Call, Assignment], ...] = ()  # the path the value took (see `ModuleModel.routes`)
+
+
+def device_indices(
+    model: ModuleModel,
+    expr: cst.BaseExpression,
+    order: int,
+    function: Optional[Function],
+    ints: bool = True,
+    depth: int = 0,
+    via: tuple[Union[Call, Assignment], ...] = (),
+) -> list[DeviceIndex]:
+    """Every value a device argument may hold (followed through variables, `self.` attributes,
+    parameters and `torch.device(...)`), classified as a hard-coded index, a computed index or
+    neither, each with the path it took."""
+    out: list[DeviceIndex] = []
+    for route in model.routes(expr, order, function):
+        path = (*via, *route.via)
+        if depth > MAX_DEPTH:
+            out.append(DeviceIndex("other", route.value, route.order, route.function, via=path))
+        else:
+            for index in _device_index_of(model, route.value, route.order, route.function, ints, depth, path):
+                out.append(index if index.via else dataclasses.replace(index, via=path))
+    return out
+
+
+def _device_index_of(
+    model: ModuleModel,
+    value: cst.BaseExpression,
+    order: int,
+    function: Optional[Function],
+    ints: bool,
+    depth: int,
+    via: tuple[Union[Call, Assignment], ...],
+) -> list[DeviceIndex]:
+
+    if isinstance(value, cst.Integer):
+        if ints:
+            return [DeviceIndex("literal", value, order, function, int(value.evaluated_value))]
+        return [DeviceIndex("other", value, order, function)]
+    if isinstance(value, cst.SimpleString):
+        text = value.evaluated_value
+        match = _CUDA_INDEX.match(text) if isinstance(text, str) else None
+        if match:
+            return [DeviceIndex("literal", value, order, function, int(match.group(1)))]
+        return [DeviceIndex("other", value, order, function)]
+    if isinstance(value, cst.FormattedString):
+        parts = value.parts
+        if (
+            len(parts) == 2
+            and isinstance(parts[0], cst.FormattedStringText)
+            and parts[0].value == "cuda:"
+            and isinstance(parts[1], cst.FormattedStringExpression)
+        ):
+            return [DeviceIndex("expr", parts[1].expression, order, function)]
+        return [DeviceIndex("other", value, order, function)]
+    if isinstance(value, cst.BinaryOperation) and isinstance(value.operator, cst.Modulo):
+        left = value.left
+        if isinstance(left, cst.SimpleString) and _CUDA_PERCENT.match(str(left.evaluated_value)):
+            right = value.right
+            if isinstance(right, cst.Tuple) and len(right.elements) == 1:
+                right = right.elements[0].value
+            return [DeviceIndex("expr", right, order, function)]
+    if isinstance(value, cst.Call):
+        name = model.qualify(value.func)
+        if name == "torch.device":
+            call = model.call_of(value)
+            index = call.arg(1, "index") if call is not None else None
+            kind = call.arg(0, "type") if call is not None else None
+            if index is not None:
+                return device_indices(model, index, order, function, True, depth + 1, via)
+            if kind is not None:
+                return device_indices(model, kind, order, function, True, depth + 1, via)
+            return [DeviceIndex("other", value, order, function)]
+        func = value.func
+        if (
+            isinstance(func, cst.Attribute)
+            and func.attr.value == "format"
+            and isinstance(func.value, cst.SimpleString)
+            and func.value.evaluated_value == "cuda:{}"
+            and len(value.args) == 1
+        ):
+            return [DeviceIndex("expr", value.args[0].value, order, function)]
+    if ints or dotted_name(value) is not None:
+        return [DeviceIndex("expr", value, order, function)]
+    return [DeviceIndex("other", value, order, function)]
+
+
+# ------------------------------------------------------------------ does the script use CUDA at all
+
+_CUDA_STRING = re.compile(r"^(cuda|nccl)(:\d+)?$")
+
+
+def uses_cuda(model: ModuleModel) -> bool:
+    """The script puts something on a GPU: `.cuda()`, a `torch.cuda.*` call, `device_ids=`, a
+    `"cuda"` / `"cuda:N"` / `f"cuda:{i}"` device or the NCCL backend. A gloo job on CPUs has none."""
+
+    def compute() -> bool:
+        if model.method_calls("cuda") or any((c.name or "").startswith("torch.cuda.") for c in model.calls):
+            return True
+        if any(arg.keyword is not None and arg.keyword.value == "device_ids" for c in model.calls for arg in c.args):
+            return True
+        for node in walk(model.module):
+            if isinstance(node, cst.SimpleString) and _CUDA_STRING.match(str(node.evaluated_value)):
+                return True
+            if isinstance(node, cst.FormattedString) and node.parts and isinstance(node.parts[0], cst.FormattedStringText):
+                if node.parts[0].value.startswith("cuda:"):
+                    return True
+        return False
+
+    return model.memoized(("uses_cuda",), compute, False)
+
+
+def local_device_expression(model: ModuleModel, call: Call) -> Optional[str]:
+    """Source text naming this process's own GPU where `call` runs, for a fix to pass on: a plain
+    variable bound before it in the same function, on every path, to `torch.device("cuda", i)` or
+    `f"cuda:{i}"` with `i` a local rank; else the local rank pinned by `torch.cuda.set_device(i)`
+    earlier in the same function and under no other condition. None when nothing is certain."""
+    for assignment in model.assignments:
+        if assignment.function is not call.function or assignment.order > call.order or assignment.kind != "assign":
+            continue
+        if assignment.value is None or "." in assignment.target:
+            continue
+        if model.reaching_assignments(assignment.target, call.order, call.function) != [assignment]:
+            continue
+        if _is_local_cuda_device(model, assignment.value, assignment.order, assignment.function):
+            return assignment.target
+    for pin in model.calls_named("torch.cuda.set_device"):
+        if pin.function is not call.function or pin.order > call.order:
+            continue
+        if pin.ctx.guards != call.ctx.guards[: len(pin.ctx.guards)]:
+            continue  # pinned under a condition the call does not share
+        index = pin.arg(0, "device")
+        name = dotted_name(index)
+        if name is not None and rank_source(model, index, pin.order, pin.function) in ("local", "spawn"):
+            return f'f"cuda:{{{name}}}"'
+    return None
+
+
+def _is_local_cuda_device(model: ModuleModel, value: cst.BaseExpression, order: int, function: Optional[Function]) -> bool:
+    if isinstance(value, cst.Call) and model.qualify(value.func) == "torch.device" and len(value.args) == 2:
+        kind, index = value.args[0].value, value.args[1].value
+        return (
+            isinstance(kind, cst.SimpleString) and kind.evaluated_value == "cuda"
+            and rank_source(model, index, order, function) in ("local", "spawn")
+        )
+    if isinstance(value, cst.FormattedString) and len(value.parts) == 2:
+        text, field = value.parts
+        return (
+            isinstance(text, cst.FormattedStringText) and text.value == "cuda:"
+            and isinstance(field, cst.FormattedStringExpression)
+            and rank_source(model, field.expression, order, function) in ("local", "spawn")
+        )
+    return False
+

@@ -1,0 +1,212 @@
+"""Launch evidence in one place: is this script one of several processes, and what the launcher
+tells each of them through the environment.
+
+torchrun / `torch.distributed.launch` / elastic agents, `mp.spawn`, Horovod (`hvd.init()`),
+DeepSpeed (`deepspeed.init_distributed()`, `deepspeed.initialize()`, the `deepspeed` launcher) and
+SLURM all start N copies of a script; the checkpoint, sampler and device rules only make sense there.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import libcst as cst
+
+from ddpdoctor.lint.analysis.model import Call, Function, ModuleModel
+from ddpdoctor.lint.analysis.syntax import dotted_name, walk
+
+INIT_PROCESS_GROUP = "torch.distributed.init_process_group"
+DDP_CLASS = "torch.nn.parallel.DistributedDataParallel"
+HOROVOD_INIT_CALLS = frozenset(
+    {"horovod.torch.init", "horovod.tensorflow.init", "horovod.keras.init", "horovod.tensorflow.keras.init"}
+)
+SPAWN_CALLS = frozenset({"torch.multiprocessing.spawn", "torch.multiprocessing.start_processes"})
+DEEPSPEED_INIT_CALLS = frozenset({"deepspeed.init_distributed", "deepspeed.initialize"})
+
+
+def multiprocess_evidence(model: ModuleModel) -> Optional[Call]:
+    """The call that makes this a multi-process training script, or None.
+
+    `init_process_group` with a world size that is not provably 1; without any init in this file,
+    wrapping in DDP, `hvd.init()` or `mp.spawn`. A script whose every init is `world_size=1` (or that
+    is linted with --world-size 1) is a single process."""
+    if model.world_size == 1:
+        return None
+    inits = model.calls_named(INIT_PROCESS_GROUP)
+    if inits:
+        for call in inits:
+            world = call.arg(3, "world_size")
+            if world is None or model.const_value(world, call.order, call.function) != 1:
+                return call
+        return None
+    for names in ((DDP_CLASS,), tuple(HOROVOD_INIT_CALLS), tuple(DEEPSPEED_INIT_CALLS), tuple(SPAWN_CALLS)):
+        calls = model.calls_named(*names)
+        if calls:
+            return calls[0]
+    return None
+
+
+def env_reads(model: ModuleModel) -> list[tuple[str, cst.CSTNode]]:
+    """Every environment variable the module reads, with the node that reads it:
+    `os.environ["X"]`, `os.environ.get("X")`, `os.getenv("X")` and `"X" in os.environ`. Walks the
+    tree, so call it only once a rule has a candidate finding."""
+
+    def is_store(node: cst.CSTNode) -> bool:
+        # `os.environ["RANK"] = str(rank)` sets the variable; it is not read here.
+        return isinstance(node, cst.AssignTarget) and isinstance(node.target, cst.Subscript)
+
+    out: list[tuple[str, cst.CSTNode]] = []
+    for node in walk(model.module, skip=is_store):
+        if isinstance(node, (cst.Subscript, cst.Call)):
+            key = env_key(model, node)
+            if key is not None:
+                out.append((key, node))
+        elif isinstance(node, cst.Comparison) and len(node.comparisons) == 1:
+            target = node.comparisons[0]
+            if (
+                isinstance(target.operator, (cst.In, cst.NotIn))
+                and isinstance(node.left, cst.SimpleString)
+                and model.qualify(target.comparator) == "os.environ"
+            ):
+                out.append((str(node.left.evaluated_value), node))
+    return out
+
+
+def runs_in_module(model: ModuleModel, function: Optional[Function], depth: int = 0) -> bool:
+    """False when `function` is a module-level helper this module never calls nor hands on
+    (`mp.spawn(worker)`, `Process(target=worker)`), even through its callers: a utils module's
+    `setup()` that other files call, after doing their own set-up. Methods count as running (their
+    class is instantiated elsewhere), and so does anything undecidable."""
+
+    if function is None or function.klass is not None or depth > 4:
+        return True
+    if isinstance(function.node, cst.FunctionDef) and function.node.decorators:
+        return True  # registered with a framework (`@hydra.main`, `@record`, a CLI command)
+    sites = model.call_sites(function)
+    if any(runs_in_module(model, site.function, depth + 1) for site in sites):
+        return True
+    for call in model.calls:
+        for arg in call.args:
+            if dotted_name(arg.value) == function.name:
+                return True
+    return False
+
+
+
+def env_key(model: ModuleModel, expr: cst.BaseExpression) -> Optional[str]:
+    """`os.environ["X"]`, `os.environ.get("X", d)`, `os.getenv("X")` -> "X" (through int()/str())."""
+    if isinstance(expr, cst.Call) and _call_name(model, expr) in ("int", "str", "builtins.int"):
+        if expr.args:
+            return env_key(model, expr.args[0].value)
+        return None
+    if isinstance(expr, cst.Subscript):
+        base = model.qualify(expr.value) or ""
+        if base in ("os.environ",) and len(expr.slice) == 1 and isinstance(expr.slice[0].slice, cst.Index):
+            key = expr.slice[0].slice.value
+            if isinstance(key, cst.SimpleString):
+                return str(key.evaluated_value)
+    if isinstance(expr, cst.Call):
+        name = _call_name(model, expr)
+        if name in ("os.environ.get", "os.getenv") and expr.args:
+            key = expr.args[0].value
+            if isinstance(key, cst.SimpleString):
+                return str(key.evaluated_value)
+    return None
+
+
+def _call_name(model: ModuleModel, call: cst.Call) -> Optional[str]:
+    qualified = model.qualify(call.func)
+    if qualified:
+        return qualified
+    if isinstance(call.func, cst.Name):
+        return call.func.value
+    return None
+
+
+
+def env_copy_key(
+    model: ModuleModel, expr: cst.BaseExpression, order: int, function: Optional[Function]
+) -> Optional[str]:
+    """`env["RANK"]` where `env` is a copy of the environment: `dict(os.environ)`,
+    `os.environ.copy()`, or `{key: os.environ[key] for key in (...)}` (pytorch/examples)."""
+    if not isinstance(expr, cst.Subscript) or len(expr.slice) != 1 or not isinstance(expr.slice[0].slice, cst.Index):
+        return None
+    key = expr.slice[0].slice.value
+    if not isinstance(key, cst.SimpleString):
+        return None
+    leaves = model.leaf_values(expr.value, order, function)
+    if not leaves:
+        return None
+    for value, _, _ in leaves:
+        if isinstance(value, cst.DictComp):
+            inner = value.value
+            if not (isinstance(inner, cst.Subscript) and model.qualify(inner.value) == "os.environ"):
+                return None
+        elif isinstance(value, cst.Call):
+            name = model.qualify(value.func) or ""
+            is_copy = name == "os.environ.copy" or (
+                isinstance(value.func, cst.Name) and value.func.value == "dict" and len(value.args) == 1
+                and model.qualify(value.args[0].value) == "os.environ"
+            )
+            if not is_copy:
+                return None
+        else:
+            return None
+    return str(key.evaluated_value)
+
+
+# ------------------------------------------------------------------ process groups and several nodes
+
+PROCESS_GROUP_CALLS = frozenset({INIT_PROCESS_GROUP, *HOROVOD_INIT_CALLS, *DEEPSPEED_INIT_CALLS})
+# The index of the node (machine) a process runs on, not of the process: launcher variables, and
+# the names scripts give it (`--node_rank`, the `-nr` of the classic multi-node spawn tutorial).
+NODE_INDEX_ENV = frozenset({"GROUP_RANK", "NODE_RANK", "SLURM_NODEID", "OMPI_COMM_WORLD_NODE_RANK"})
+NODE_INDEX_NAMES = frozenset(
+    {"node_rank", "nr", "node_id", "node_idx", "node_index", "group_rank", "machine_rank", "nodeid", "noderank"}
+)
+NODE_COUNT_ENV = frozenset({"SLURM_NNODES", "SLURM_JOB_NUM_NODES", "GROUP_WORLD_SIZE"})
+NODE_COUNT_NAMES = frozenset({"nnodes", "nodes", "num_nodes", "n_nodes", "num_machines"})
+
+
+def process_group_setup(model: ModuleModel) -> Optional[Call]:
+    """The call that creates this script's process group: `init_process_group` with a world size
+    not provably 1, `hvd.init()`, `deepspeed.init_distributed()` / `deepspeed.initialize()`. Unlike
+    `multiprocess_evidence`, a DDP wrap or `mp.spawn` alone does not count (a script may spawn
+    workers that are not ranks of one job)."""
+    if model.world_size == 1:
+        return None
+    for call in model.calls_named(*PROCESS_GROUP_CALLS):
+        if call.name == INIT_PROCESS_GROUP:
+            world = call.arg(3, "world_size")
+            if world is not None and model.const_value(world, call.order, call.function) == 1:
+                continue
+        return call
+    return None
+
+
+def multinode_evidence(model: ModuleModel) -> Optional[cst.CSTNode]:
+    """Where the script shows it runs on several nodes: a node count or node index it reads from the
+    launcher (`GROUP_RANK`, `SLURM_NNODES`), takes on the command line (`--nnodes`, `--nodes`,
+    `-nr`) or assigns (`node_rank = ...`). Stricter than "could be started by torchrun": a script
+    with none of these is taken to run on one node."""
+
+    def compute() -> Optional[cst.CSTNode]:
+        words = NODE_INDEX_NAMES | NODE_COUNT_NAMES
+        for key, node in env_reads(model):
+            if key in NODE_INDEX_ENV or key in NODE_COUNT_ENV:
+                return node
+        for call in model.method_calls("add_argument"):
+            for arg in call.args:
+                if not isinstance(arg.value, cst.SimpleString):
+                    continue
+                text = str(arg.value.evaluated_value)
+                is_option = text.startswith("-") if arg.keyword is None else arg.keyword.value == "dest"
+                if is_option and text.lstrip("-").replace("-", "_").lower() in words:
+                    return call.node
+        for assignment in model.assignments:
+            if assignment.kind != "param" and assignment.target.rsplit(".", 1)[-1].lower() in words:
+                return assignment.node
+        return None
+
+    return model.memoized(("multinode_evidence",), compute, None)
+

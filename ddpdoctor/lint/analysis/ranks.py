@@ -1,0 +1,653 @@
+"""Who runs this: all ranks, rank 0 only, the other ranks, a subset, only a single-process run.
+
+Real trainers spell rank checks many ways (`args.rank == 0`, `dist.get_rank() == 0`,
+`is_main_process()`, `args.local_rank in [-1, 0]`, `hvd.rank() == 0`, `master_process = ddp_rank == 0`,
+`if not args.multiprocessing_distributed or args.rank % ngpus_per_node == 0`) and single-process
+checks as many (`world_size == 1`, `not args.distributed`, `local_rank == -1`,
+`'RANK' not in os.environ`, `not dist.is_initialized()`). This module reads them all and answers one
+question for any statement, so every rule gets the same answer.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+from typing import Callable, Optional, Protocol, Sequence, Union
+
+import libcst as cst
+
+from ddpdoctor.lint.analysis.launch import NODE_INDEX_ENV, NODE_INDEX_NAMES, SPAWN_CALLS, env_copy_key, env_key
+from ddpdoctor.lint.analysis.model import MAX_DEPTH, Assignment, Call, Context, Function, Guard, ModuleModel, Route
+from ddpdoctor.lint.analysis.syntax import (
+    dotted_name,
+    flatten_boolean,
+    is_zero_literal,
+    last_segment,
+    literal_int,
+    literal_ints,
+)
+
+GLOBAL_RANK_CALLS = frozenset(
+    {
+        "torch.distributed.get_rank",
+        "horovod.torch.rank",
+        "horovod.tensorflow.rank",
+        "horovod.keras.rank",
+        "horovod.tensorflow.keras.rank",
+        "torch.distributed.get_global_rank",
+    }
+)
+LOCAL_RANK_CALLS = frozenset(
+    {
+        "horovod.torch.local_rank",
+        "horovod.tensorflow.local_rank",
+        "horovod.keras.local_rank",
+        "horovod.tensorflow.keras.local_rank",
+        "torch.distributed.get_node_local_rank",
+    }
+)
+# Helpers of the module's own or a utils module, called by their bare name.
+GLOBAL_RANK_HELPERS = frozenset({"get_rank", "get_global_rank", "get_world_rank", "global_rank"})
+LOCAL_RANK_HELPERS = frozenset({"get_local_rank", "local_rank"})
+
+# Variables a launcher sets in every process it starts; their absence means a plain `python train.py`.
+LAUNCHER_ENV = frozenset({"RANK", "LOCAL_RANK", "WORLD_SIZE", "SLURM_PROCID", "OMPI_COMM_WORLD_RANK", "PMI_RANK"})
+GLOBAL_RANK_ENV = frozenset({"RANK", "OMPI_COMM_WORLD_RANK", "SLURM_PROCID", "PMI_RANK", "GLOBAL_RANK"})
+LOCAL_RANK_ENV = frozenset({"LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_RANK", "SLURM_LOCALID", "MPI_LOCALRANKID"})
+
+# Boolean-valued names/attributes/calls that mean "this is the main process".
+MAIN_PROCESS_NAMES = frozenset(
+    {
+        "is_master", "is_main_process", "master_process", "is_main", "is_rank0", "is_rank_zero",
+        "is_global_zero", "is_local_master", "is_primary", "is_local_main_process", "is_chief",
+        "is_master_process", "main_process", "is_main_rank", "is_root", "rank_zero", "is_world_process_zero",
+        "is_local_process_zero", "is_master_rank",
+    }
+)
+
+
+
+def rank_kind(
+    model: ModuleModel,
+    expr: Optional[cst.BaseExpression],
+    order: int,
+    function: Optional[Function],
+    depth: int = 0,
+) -> Optional[str]:
+    """"global" for a global rank, "local" for a local rank (or a rank reduced modulo the GPU
+    count), "spawn" for the process index `mp.spawn` passes as a worker's first parameter, else
+    None. Follows variables; when it cannot, trusts what a variable is called (`args.local_rank`,
+    `self.rank`) — right for recognising rank tests such as `if args.rank == 0:`."""
+    if expr is None:
+        return None
+    key = ("rank_kind", id(expr), order, id(function))
+    return model.memoized(key, lambda: _rank(model, expr, order, function, depth, trust_names=True), None)
+
+
+def rank_source(
+    model: ModuleModel,
+    expr: Optional[cst.BaseExpression],
+    order: int,
+    function: Optional[Function],
+    depth: int = 0,
+) -> Optional[str]:
+    """Like `rank_kind`, but only from where the value comes from, never from what a variable is
+    called, and only when every source agrees. For rules that must not guess (device indices)."""
+    if expr is None:
+        return None
+    key = ("rank_source", id(expr), order, id(function))
+    return model.memoized(key, lambda: _rank(model, expr, order, function, depth, trust_names=False), None)
+
+
+def _rank(
+    model: ModuleModel,
+    expr: cst.BaseExpression,
+    order: int,
+    function: Optional[Function],
+    depth: int,
+    trust_names: bool,
+) -> Optional[str]:
+
+    if depth > MAX_DEPTH:
+        return None
+    recurse = rank_kind if trust_names else rank_source
+    if isinstance(expr, cst.BinaryOperation) and isinstance(expr.operator, cst.Modulo):
+        # `rank % torch.cuda.device_count()`: whatever the rank was, the result is a local index.
+        return "local" if rank_kind(model, expr.left, order, function, depth + 1) is not None else None
+    key = env_key(model, expr)
+    if key is None:
+        key = env_copy_key(model, expr, order, function)
+    if key is not None:
+        if key in LOCAL_RANK_ENV:
+            return "local"
+        if key in GLOBAL_RANK_ENV:
+            return "global"
+        return None
+    if isinstance(expr, cst.Call):
+        return _rank_of_call(model, expr, depth, recurse, order, function)
+    name = dotted_name(expr)
+    if name is None:
+        return None
+    last = last_segment(name)
+    if last == "process_index":  # Accelerate
+        return "global"
+    if last == "local_process_index":
+        return "local"
+    if _spawn_index(model, name, function):
+        return "spawn"
+    if trust_names:
+        # Follow the variable first: `rank = int(os.environ["LOCAL_RANK"])` is a local rank.
+        for value in model.reaching_values(expr, order, function):
+            if value is not expr:
+                kind = recurse(model, value, order, function, depth + 1)
+                if kind is not None:
+                    return kind
+        if last.endswith("local_rank") or last == "localrank":
+            return "local"
+        if last == "rank" or last.endswith("_rank") and last not in ("node_rank", "group_rank", "num_rank", "machine_rank"):
+            return "global"
+        return None
+    kinds: set[Optional[str]] = set()
+    for value, v_order, v_function in model.leaf_values(expr, order, function):
+        kinds.add(None if value is expr else recurse(model, value, v_order, v_function, depth + 1))
+    return kinds.pop() if len(kinds) == 1 else None
+
+
+def _rank_of_call(
+    model: ModuleModel,
+    expr: cst.Call,
+    depth: int,
+    recurse: "Callable[..., Optional[str]]",
+    order: int,
+    function: Optional[Function],
+) -> Optional[str]:
+
+    name = model.qualify(expr.func)
+    if name in GLOBAL_RANK_CALLS:
+        return "global"
+    if name in LOCAL_RANK_CALLS:
+        return "local"
+    if name is None or not name.startswith(("torch.", "horovod.")):
+        last = last_segment(dotted_name(expr.func) or name or "")
+        if last in GLOBAL_RANK_HELPERS:
+            return "global"
+        if last in LOCAL_RANK_HELPERS:
+            return "local"
+        if last == "int" and expr.args:
+            return recurse(model, expr.args[0].value, order, function, depth + 1)
+    call = model.call_of(expr)
+    if call is not None:
+        # The module's own helper: what it returns. A literal return is the single-process
+        # fallback of `get_rank()`-style helpers (`return 0`), not a different kind of rank.
+        returned: set[Optional[str]] = set()
+        for helper in model.resolve_local_function(call):
+            for value in helper.returns:
+                if not isinstance(value, cst.Integer):
+                    returned.add(recurse(model, value, helper.end_order, helper, depth + 1))
+        if len(returned) == 1:
+            return returned.pop()
+    return None
+
+
+def _spawn_index(model: ModuleModel, name: str, function: Optional[Function]) -> bool:
+    """True when `name` is the first parameter of a function handed to `mp.spawn`: the index of
+    the spawned process on this node."""
+
+    if function is None or "." in name or not function.params or function.params[0] != name:
+        return False
+    for call in model.calls_named("torch.multiprocessing.spawn", "torch.multiprocessing.start_processes"):
+        target = call.arg(0, "fn")
+        if target is not None and dotted_name(target) == function.name:
+            return True
+    return False
+
+
+def is_main_process_predicate(model: ModuleModel, expr: cst.BaseExpression, order: int, function: Optional[Function], depth: int = 0) -> bool:
+
+    target = expr.func if isinstance(expr, cst.Call) else expr
+    name = dotted_name(target)
+    if name is None:
+        return False
+    if last_segment(name) in MAIN_PROCESS_NAMES:
+        return True
+    return False
+
+
+
+_DISTRIBUTED_PREDICATES = frozenset({"is_initialized", "is_available", "is_dist_avail_and_initialized", "is_distributed"})
+_NEGATED_OPERATORS: dict[type, type] = {
+    cst.GreaterThan: cst.LessThanEqual,
+    cst.GreaterThanEqual: cst.LessThan,
+    cst.NotEqual: cst.Equal,
+    cst.In: cst.NotIn,
+}
+
+
+def is_single_process_test(model: ModuleModel, test: cst.BaseExpression, negated: bool = False) -> bool:
+    """True for a branch condition (its `else` side when `negated`) that holds only when the job is a
+    single process: `not args.distributed`, `not dist.is_initialized()`, `args.local_rank == -1`,
+    `world_size == 1`, `"RANK" not in os.environ`, the `else` of `if world_size > 1:` /
+    `if args.local_rank != -1:` / `if "RANK" in os.environ:`. `args.gpu is not None` is NOT one of
+    them: it is true in distributed runs too."""
+    if isinstance(test, cst.UnaryOperation) and isinstance(test.operator, cst.Not):
+        return is_single_process_test(model, test.expression, not negated)
+    if isinstance(test, cst.BooleanOperation):
+        # `a and b` holds only if both do; `not (a or b)` only if neither does.
+        if isinstance(test.operator, cst.And) and not negated:
+            return any(is_single_process_test(model, side, False) for side in (test.left, test.right))
+        if isinstance(test.operator, cst.Or) and negated:
+            return any(is_single_process_test(model, side, True) for side in (test.left, test.right))
+        return False
+    if isinstance(test, cst.Call):
+        callee = model.qualify(test.func) or dotted_name(test.func) or ""
+        return negated and last_segment(callee) in _DISTRIBUTED_PREDICATES
+    name = dotted_name(test)
+    if name is not None:
+        last = last_segment(name).lower()
+        if any(word in last for word in ("distributed", "ddp", "multiprocessing")) or last in ("dist", "is_dist"):
+            return negated
+        return False
+    if not isinstance(test, cst.Comparison) or len(test.comparisons) != 1:
+        return False
+    target = test.comparisons[0]
+    operator = target.operator
+    if negated:
+        flipped = _NEGATED_OPERATORS.get(type(operator))
+        if flipped is None:
+            return False
+        operator = flipped()
+    right = target.comparator
+    if isinstance(test.left, cst.SimpleString) and isinstance(operator, cst.NotIn):
+        # `"RANK" not in os.environ`: no launcher set this process up.
+        return model.qualify(right) == "os.environ" and str(test.left.evaluated_value) in LAUNCHER_ENV
+    last = last_segment(dotted_name(test.left) or "")
+    if last.endswith("rank") and isinstance(operator, cst.Equal):
+        return literal_int(right) == -1
+    if "world_size" in last or last in ("num_gpus", "n_gpus", "num_processes"):
+        value = literal_int(right)
+        return (isinstance(operator, (cst.Equal, cst.LessThanEqual)) and value == 1) or (
+            isinstance(operator, cst.LessThan) and value == 2
+        )
+    return False
+
+
+def classify_rank_test(
+    model: ModuleModel,
+    test: cst.BaseExpression,
+    order: int,
+    function: Optional[Function],
+    negated: bool = False,
+    depth: int = 0,
+) -> Optional[str]:
+    """What a branch condition says about which ranks run the branch.
+
+    "rank0": only the main process (or a single-process run); "nonzero": only the other ranks;
+    "subset": some other specific rank(s); None: not a rank condition (or undecidable).
+    `negated` classifies the `else` side (De Morgan is applied through `and`/`or`/`not`)."""
+
+    if depth > MAX_DEPTH:
+        return None
+    flip = {"rank0": "nonzero", "nonzero": "rank0", "subset": "subset"}
+
+    if isinstance(test, cst.UnaryOperation) and isinstance(test.operator, cst.Not):
+        return classify_rank_test(model, test.expression, order, function, not negated, depth + 1)
+
+    if isinstance(test, cst.BooleanOperation):
+        is_and = isinstance(test.operator, cst.And)
+        if negated:
+            is_and = not is_and  # De Morgan
+        operands = flatten_boolean(test)
+        kinds = [classify_rank_test(model, op, order, function, negated, depth + 1) for op in operands]
+        if is_and:
+            # All must hold: one rank-specific operand restricts the whole branch to those ranks.
+            for preferred in ("rank0", "nonzero", "subset"):
+                if preferred in kinds:
+                    return preferred
+            return None
+        # Any may hold: rank-specific only if every operand is (or holds only without distribution).
+        result: Optional[str] = None
+        for op, kind in zip(operands, kinds):
+            if kind is None:
+                if is_single_process_test(model, op, negated):
+                    continue
+                return None
+            if result is None:
+                result = kind
+            elif result != kind:
+                result = "subset"
+        return result
+
+    if isinstance(test, cst.Comparison) and len(test.comparisons) == 1:
+        kind = _classify_comparison(model, test, order, function, depth)
+        if kind is None:
+            return None
+        return flip[kind] if negated else kind
+
+    # A bare predicate: `is_main_process()`, `args.is_master`, `master_process`, or a variable
+    # bound to a rank comparison (`is_master = rank == 0`).
+    if is_main_process_predicate(model, test, order, function):
+        return "nonzero" if negated else "rank0"
+    name = dotted_name(test)
+    if name is not None:
+        for value in model.reaching_values(test, order, function):
+            if value is test or not isinstance(value, (cst.Comparison, cst.BooleanOperation, cst.UnaryOperation)):
+                continue
+            kind = classify_rank_test(model, value, order, function, negated, depth + 1)
+            if kind is not None:
+                return kind
+    return None
+
+
+
+def _classify_comparison(
+    model: ModuleModel, test: cst.Comparison, order: int, function: Optional[Function], depth: int
+) -> Optional[str]:
+    target = test.comparisons[0]
+    operator = target.operator
+    left, right = test.left, target.comparator
+    # Normalise `0 == rank` to `rank == 0`.
+    if is_zero_literal(left) and not is_zero_literal(right):
+        left, right = right, left
+        mirrored: dict[type, type[cst.BaseCompOp]] = {cst.LessThan: cst.GreaterThan, cst.GreaterThan: cst.LessThan,
+                    cst.LessThanEqual: cst.GreaterThanEqual, cst.GreaterThanEqual: cst.LessThanEqual}
+        if type(operator) in mirrored:
+            operator = mirrored[type(operator)]()
+    is_rank = rank_kind(model, left, order, function, depth + 1) is not None
+    if not is_rank and isinstance(left, cst.BinaryOperation) and isinstance(left.operator, cst.Modulo):
+        is_rank = rank_kind(model, left.left, order, function, depth + 1) is not None
+    if not is_rank:
+        return None
+    if isinstance(operator, (cst.In, cst.NotIn)):
+        values = literal_ints(right)
+        if values is None:
+            return None
+        nonneg = [v for v in values if v >= 0]
+        if nonneg == [0]:
+            return "rank0" if isinstance(operator, cst.In) else "nonzero"
+        return "subset"
+    if isinstance(operator, (cst.Is, cst.IsNot)):
+        return None
+    if is_zero_literal(right):
+        if isinstance(operator, (cst.Equal, cst.LessThanEqual)):
+            return "rank0"
+        if isinstance(operator, (cst.NotEqual, cst.GreaterThan)):
+            return "nonzero"
+        return None
+    if literal_ints(cst.List([cst.Element(right)])) == [-1]:
+        # `RANK != -1` (yolov5) / `args.local_rank == -1`: -1 parses as a unary minus, not an
+        # Integer. It means "is (not) distributed", never a subset of ranks.
+        return None
+    if isinstance(right, cst.Integer):
+        value = int(right.evaluated_value)
+        if value == -1:
+            return None  # "not distributed", handled by the caller
+        if value == 1 and isinstance(operator, cst.LessThan):
+            return "rank0"
+        if value == 1 and isinstance(operator, cst.GreaterThanEqual):
+            return "nonzero"
+    if isinstance(operator, (cst.Equal, cst.NotEqual)):
+        return "subset"
+    return None
+
+
+# ------------------------------------------------------------------------------------------ devices
+# Which GPU a process uses: the calls that pin it, the arguments that name a device, the idiom of
+# one visible GPU per process, and whether the script runs as several processes at all.
+
+
+
+# ------------------------------------------------------------------------------- who runs this
+
+
+class Runs(str, enum.Enum):
+    """Which processes of the job execute a statement."""
+
+    ALL = "all"  # every rank (as far as the analysis can tell: no rank or single-process check around it)
+    RANK0 = "rank0"  # only the main process (or a single-process run, where it is the main process)
+    NONZERO = "nonzero"  # only the ranks other than 0
+    SUBSET = "subset"  # some other specific rank(s)
+    SINGLE = "single"  # only a run that is not distributed at all
+    NODE0 = "node0"  # every process of the first node: a test of the node index (`if args.nr == 0:`)
+    UNKNOWN = "unknown"  # undecidable: a helper nobody here calls, a check on an id we cannot trace
+
+
+@dataclass(frozen=True)
+class WhoRuns:
+    runs: Runs
+    guard: Optional[Guard] = None  # the branch condition that decided, when one did
+    via: Optional[Call] = None  # the call of the helper around which that condition sits
+
+    @property
+    def some_ranks(self) -> bool:
+        """Only rank 0, only the others, or a subset: not every rank of a distributed run."""
+        return self.runs in (Runs.RANK0, Runs.NONZERO, Runs.SUBSET)
+
+
+class _Located(Protocol):
+    @property
+    def ctx(self) -> Context: ...
+
+    @property
+    def function(self) -> Optional[Function]: ...
+
+
+# Counters that are routinely compared with zero (`if epoch % 10 == 0`, `if step == 0`): not ranks.
+_COUNTER_WORDS = ("epoch", "step", "iter", "batch", "idx", "count", "len", "num", "size")
+
+
+def who_runs(model: ModuleModel, item: _Located) -> WhoRuns:
+    """Which processes run `item` (a call, an assignment, a loop): the branch conditions around it,
+    early exits before it (`if rank != 0: return`), and, when none decides, the call sites of the
+    function it is in (a helper only called under `if is_main_process():` runs on rank 0 only; the
+    target of `mp.spawn` runs on every rank)."""
+    return _memo_who_runs(model, item) or WhoRuns(Runs.UNKNOWN)
+
+
+def _memo_who_runs(model: ModuleModel, item: _Located) -> Optional[WhoRuns]:
+    """None while the same question is being answered further up (a cycle of helpers calling each
+    other) or past the module's step budget: that call site then tells nothing."""
+    return model.memoized(("who_runs", id(item)), lambda: _who_runs(model, item), None)
+
+
+def _who_runs(model: ModuleModel, item: _Located) -> WhoRuns:
+    decided = _decided_by_guards(model, item.ctx.guards)
+    if decided is not None:
+        return decided
+    function = item.function
+    if function is None:
+        return WhoRuns(Runs.ALL)
+    if function.parent is None and function.name in spawn_targets(model):
+        return WhoRuns(Runs.ALL)
+    answers: list[tuple[Call, WhoRuns]] = []
+    for site in model.callers(function):
+        if site.function is not function:
+            answer = _memo_who_runs(model, site)
+            if answer is not None:
+                answers.append((site, answer))
+    if not answers:
+        return WhoRuns(Runs.UNKNOWN)
+    kinds = {answer.runs for _, answer in answers}
+    for runs in (Runs.ALL, Runs.UNKNOWN):
+        if runs in kinds:
+            return WhoRuns(runs)
+    if len(kinds) == 2 and Runs.SINGLE in kinds:
+        kinds.discard(Runs.SINGLE)  # the main process of a distributed run, or the only process
+    if len(kinds) != 1:
+        return WhoRuns(Runs.ALL)  # rank 0 on one path, the others on another: every rank gets here
+    runs = kinds.pop()
+    site, answer = next((s, a) for s, a in answers if a.runs is runs)
+    return WhoRuns(runs, answer.guard, site)
+
+
+def _decided_by_guards(model: ModuleModel, guards: Sequence[Guard]) -> Optional[WhoRuns]:
+    """A single-process condition anywhere around wins (that code never runs in the distributed
+    job); otherwise the innermost rank condition."""
+    for guard in guards:
+        if is_single_process_test(model, guard.test, guard.negated) or _gpu_count_of_one_process(model, guard):
+            return WhoRuns(Runs.SINGLE, guard)
+    for guard in reversed(guards):
+        kind = classify_rank_test(model, guard.test, guard.order, guard.function, guard.negated)
+        if kind is not None:
+            return WhoRuns(Runs(kind), guard)
+        if not guard.negated and tests_node_zero(model, guard.test, guard.order, guard.function):
+            return WhoRuns(Runs.NODE0, guard)
+    for guard in guards:
+        if _looks_like_rank_test(guard.test):
+            return WhoRuns(Runs.UNKNOWN, guard)
+    return None
+
+
+def _looks_like_rank_test(test: cst.BaseExpression) -> bool:
+    """`<name> == 0`, `<name> in [-1, 0]` and the like on a variable not known as a rank (an
+    `mp.spawn` index stored as `self.gpu_id`, say): perhaps a rank check, so undecidable."""
+    stack: list[cst.BaseExpression] = [test]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, cst.BooleanOperation):
+            stack.extend((node.left, node.right))
+        elif isinstance(node, cst.UnaryOperation) and isinstance(node.operator, cst.Not):
+            stack.append(node.expression)
+        elif isinstance(node, cst.Comparison) and len(node.comparisons) == 1:
+            left, right = node.left, node.comparisons[0].comparator
+            if isinstance(left, cst.Integer):
+                left, right = right, left
+            name = dotted_name(left)
+            if name is None or any(word in last_segment(name).lower() for word in _COUNTER_WORDS):
+                continue
+            if is_zero_literal(right):
+                return True
+            if 0 in (literal_ints(right) or ()):
+                return True
+    return False
+
+
+def spawn_targets(model: ModuleModel) -> frozenset[str]:
+    """Names of the functions handed to `mp.spawn`: each spawned process runs them."""
+
+    def compute() -> frozenset[str]:
+        names = set()
+        for call in model.calls_named(*SPAWN_CALLS):
+            name = dotted_name(call.arg(0, "fn"))
+            if name is not None:
+                names.add(name)
+        return frozenset(names)
+
+    return model.memoized(("spawn_targets",), compute, frozenset())
+
+
+def route_runs(model: ModuleModel, route: Union[Route, Sequence[Union[Call, Assignment]]], sink: _Located) -> Runs:
+    """Which processes a value reaches `sink` on: the sink's own answer, narrowed by every step of
+    the value's path (an assignment in the single-process `else:`, a call site under rank 0). A
+    literal that only arrives along a path where the job is one process is no multi-process bug."""
+    steps = route.via if isinstance(route, Route) else route
+    answers = {who_runs(model, sink).runs, *(who_runs(model, step).runs for step in steps)}
+    for narrow in (Runs.SINGLE, Runs.RANK0, Runs.NONZERO, Runs.SUBSET, Runs.NODE0, Runs.UNKNOWN):
+        if narrow in answers:
+            return narrow
+    return Runs.ALL
+
+
+# ------------------------------------------------------------- which rank a condition tests
+
+# "Main process" predicates that hold once per node (Accelerate, the HF Trainer, Lightning).
+LOCAL_MAIN_PROCESS_NAMES = frozenset({"is_local_master", "is_local_main_process", "is_local_process_zero", "local_master"})
+
+
+def node_index(model: ModuleModel, expr: Optional[cst.BaseExpression], order: int, function: Optional[Function], depth: int = 0) -> bool:
+    """`args.nr`, `node_rank = int(os.environ["GROUP_RANK"])`, `SLURM_NODEID`: the index of the node,
+    which every process of that node shares (so `== 0` holds on a whole node, not on one rank)."""
+    if expr is None or depth > MAX_DEPTH:
+        return False
+    key = env_key(model, expr)
+    if key is not None:
+        return key in NODE_INDEX_ENV
+    if isinstance(expr, cst.Call) and dotted_name(expr.func) == "int" and expr.args:
+        return node_index(model, expr.args[0].value, order, function, depth + 1)
+    name = dotted_name(expr)
+    if name is None:
+        return False
+    if last_segment(name).lower() in NODE_INDEX_NAMES:
+        return True
+    return any(
+        value is not expr and node_index(model, value, v_order, v_function, depth + 1)
+        for value, v_order, v_function in model.leaf_values(expr, order, function)
+    )
+
+
+def tests_node_zero(model: ModuleModel, test: cst.BaseExpression, order: int, function: Optional[Function]) -> bool:
+    """`args.nr == 0`, `step % k == 0 and node_rank == 0`, `node_rank in [0]`: the node index
+    compared with zero (a condition every process of node 0 passes)."""
+    if isinstance(test, cst.BooleanOperation):
+        return isinstance(test.operator, cst.And) and any(
+            tests_node_zero(model, side, order, function) for side in (test.left, test.right)
+        )
+    if not isinstance(test, cst.Comparison) or len(test.comparisons) != 1:
+        return False
+    target = test.comparisons[0]
+    left, right = test.left, target.comparator
+    if is_zero_literal(left):
+        left, right = right, left
+    zero = (isinstance(target.operator, cst.Equal) and is_zero_literal(right)) or (
+        isinstance(target.operator, cst.In) and literal_ints(right) == [0]
+    )
+    return zero and node_index(model, left, order, function)
+
+
+def guard_rank_kinds(model: ModuleModel, guard: Guard, depth: int = 0) -> frozenset[str]:
+    """Which rank a rank condition compares: {"global"}, {"local"} (the local rank, an `mp.spawn`
+    index, `rank % ngpus_per_node`, `is_local_main_process`), or both, leaving out single-process
+    operands (`local_rank == -1`, `not args.distributed`). "unknown" when a part cannot be read."""
+    return _rank_kinds(model, guard.test, guard.order, guard.function, depth)
+
+
+def _rank_kinds(model: ModuleModel, test: cst.BaseExpression, order: int, function: Optional[Function], depth: int) -> frozenset[str]:
+    if depth > MAX_DEPTH:
+        return frozenset({"unknown"})
+    if isinstance(test, cst.UnaryOperation) and isinstance(test.operator, cst.Not):
+        return _rank_kinds(model, test.expression, order, function, depth + 1)
+    if isinstance(test, cst.BooleanOperation):
+        out: set[str] = set()
+        for side in flatten_boolean(test):
+            if is_single_process_test(model, side) or is_single_process_test(model, side, True):
+                continue
+            out |= _rank_kinds(model, side, order, function, depth + 1)
+        return frozenset(out)
+    if isinstance(test, cst.Comparison) and len(test.comparisons) == 1:
+        left = test.left if not isinstance(test.left, cst.Integer) else test.comparisons[0].comparator
+        if isinstance(left, cst.BinaryOperation) and isinstance(left.operator, cst.Modulo):
+            return frozenset({"local"})  # `args.rank % ngpus_per_node == 0`: the first process of each node
+        kind = rank_kind(model, left, order, function)
+        if kind is None:
+            return frozenset({"unknown"})
+        return frozenset({"global" if kind == "global" else "local"})
+    name = dotted_name(test.func if isinstance(test, cst.Call) else test)
+    if name is not None and last_segment(name) in LOCAL_MAIN_PROCESS_NAMES:
+        return frozenset({"local"})
+    if is_main_process_predicate(model, test, order, function):
+        return frozenset({"global"})
+    if name is not None and not isinstance(test, cst.Call):
+        out = set()
+        for value in model.reaching_values(test, order, function):
+            if value is not test and isinstance(value, (cst.Comparison, cst.BooleanOperation, cst.UnaryOperation)):
+                out |= _rank_kinds(model, value, order, function, depth + 1)
+        if out:
+            return frozenset(out)
+    return frozenset({"unknown"})
+
+
+def _gpu_count_of_one_process(model: ModuleModel, guard: Guard) -> bool:
+    """`if args.n_gpu > 1:` in the legacy Hugging Face examples: the GPU count is the device count
+    when `local_rank == -1` and set to 1 on the distributed path, so the branch (a DataParallel
+    wrap, a `loss.mean()`) only runs in a single process. Any literal 1 among the values counts."""
+    test = guard.test
+    if guard.negated or not isinstance(test, cst.Comparison) or len(test.comparisons) != 1:
+        return False
+    target = test.comparisons[0]
+    bound = literal_int(target.comparator)
+    above_one = (isinstance(target.operator, cst.GreaterThan) and bound == 1) or (
+        isinstance(target.operator, cst.GreaterThanEqual) and bound == 2
+    )
+    if not above_one or dotted_name(test.left) is None:
+        return False
+    return any(literal_int(value) == 1 for value, _, _ in model.leaf_values(test.left, guard.order, guard.function))
+

@@ -1,0 +1,73 @@
+"""The analysis layer stays layered: nothing below imports anything above, rules import only the
+package, and the static half never imports torch. Read from the source with `ast`, so a new
+upward import fails here before it becomes a cycle."""
+
+from __future__ import annotations
+
+import ast
+import pathlib
+
+import pytest
+
+import ddpdoctor.lint.analysis as analysis_package
+
+ANALYSIS = pathlib.Path(analysis_package.__file__).parent
+RULES = ANALYSIS.parent / "rules"
+PACKAGE = "ddpdoctor.lint.analysis"
+
+# Bottom first. A module may import only the ones before it.
+LAYERS = ["syntax", "imports", "model", "harness", "launch", "ranks", "devices", "summaries", "project"]
+
+
+def imported_modules(path: pathlib.Path) -> set[str]:
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    out: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            out.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module is not None and node.level == 0:
+            out.add(node.module)
+    return out
+
+
+def analysis_modules() -> list[pathlib.Path]:
+    return sorted(p for p in ANALYSIS.glob("*.py") if p.name != "__init__.py")
+
+
+def test_every_analysis_module_has_a_layer() -> None:
+    assert {p.stem for p in analysis_modules()} <= set(LAYERS)
+
+
+@pytest.mark.parametrize("path", analysis_modules(), ids=lambda p: p.stem)
+def test_no_upward_import(path: pathlib.Path) -> None:
+    level = LAYERS.index(path.stem)
+    allowed = {f"{PACKAGE}.{name}" for name in LAYERS[:level]}
+    for module in imported_modules(path):
+        if module == PACKAGE:
+            pytest.fail(f"{path.name} imports the package {PACKAGE} itself (import its modules below it)")
+        if module.startswith(PACKAGE + "."):
+            assert module in allowed, f"{path.name} imports {module}, which is not below it in {LAYERS}"
+        elif module.startswith("ddpdoctor."):
+            pytest.fail(f"{path.name} imports {module}: the analysis knows no rule, engine or command")
+        assert module.split(".")[0] != "torch", f"{path.name} imports torch"
+
+
+@pytest.mark.parametrize("path", sorted(RULES.glob("*.py")), ids=lambda p: p.stem)
+def test_rules_use_only_the_analysis_package(path: pathlib.Path) -> None:
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    for node in ast.walk(tree):
+        names = [a.name for a in node.names] if isinstance(node, ast.Import) else []
+        if isinstance(node, ast.ImportFrom) and node.module is not None:
+            names = [node.module]
+        for module in names:
+            if module.startswith("ddpdoctor.lint."):
+                assert module in (PACKAGE, "ddpdoctor.lint.rules", "ddpdoctor.lint.rules.base"), f"{path.name} imports {module}"
+            assert module.split(".")[0] != "torch", f"{path.name} imports torch"
+
+
+def test_the_layering_check_catches_an_upward_import(tmp_path: pathlib.Path) -> None:
+    # The check itself must be able to fail: a model that reaches up into ranks.
+    bad = tmp_path / "model.py"
+    bad.write_text("from ddpdoctor.lint.analysis.ranks import who_runs\n", encoding="utf-8")
+    with pytest.raises(AssertionError, match="not below it"):
+        test_no_upward_import(bad)

@@ -1,0 +1,209 @@
+"""The "who runs this" service on small snippets: each branch kind and each single-process idiom,
+asked directly rather than through a rule. The statement asked about is the call `target()`."""
+
+from __future__ import annotations
+
+import textwrap
+
+import libcst as cst
+import pytest
+
+from ddpdoctor.lint.analysis import Runs, build_analysis, route_runs, who_runs
+
+PRELUDE = """\
+import os
+import sys
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+"""
+
+
+def runs(source: str) -> Runs:
+    model = build_analysis(cst.parse_module(PRELUDE + textwrap.dedent(source)))
+    targets = [c for c in model.calls if c.dotted == "target"]
+    assert len(targets) == 1, "the snippet must call target() exactly once"
+    return who_runs(model, targets[0]).runs
+
+
+@pytest.mark.parametrize(
+    ("source", "expected"),
+    [
+        ("target()\n", Runs.ALL),
+        ("if dist.get_rank() == 0:\n    target()\n", Runs.RANK0),
+        ("if dist.get_rank() != 0:\n    target()\n", Runs.NONZERO),
+        ("if dist.get_rank() == 0:\n    pass\nelse:\n    target()\n", Runs.NONZERO),
+        ("if dist.get_rank() == 2:\n    target()\n", Runs.SUBSET),
+        # elif: the second test, under the negation of the first
+        ("rank = dist.get_rank()\nif rank == 1:\n    pass\nelif rank == 0:\n    target()\n", Runs.RANK0),
+        # the branch of an unrelated test decides nothing
+        ("if torch.cuda.is_available():\n    target()\n", Runs.ALL),
+        ("for epoch in range(3):\n    if epoch == 0:\n        target()\n", Runs.ALL),
+    ],
+)
+def test_branches(source: str, expected: Runs) -> None:
+    assert runs(source) is expected
+
+
+@pytest.mark.parametrize(
+    "exit_statement",
+    ["return", "raise SystemExit(0)", "sys.exit(0)"],
+)
+def test_early_exit_guards_the_rest_of_the_block(exit_statement: str) -> None:
+    source = f"""
+    def main():
+        if dist.get_rank() != 0:
+            {exit_statement}
+        target()
+    main()
+    """
+    assert runs(source) is Runs.RANK0
+
+
+def test_continue_guards_the_rest_of_the_loop_body() -> None:
+    source = """
+    for batch in range(3):
+        if int(os.environ["RANK"]) > 0:
+            continue
+        target()
+    """
+    assert runs(source) is Runs.RANK0
+
+
+@pytest.mark.parametrize(
+    "test",
+    [
+        "world_size == 1",
+        "args.world_size <= 1",
+        "not args.distributed",
+        "args.local_rank == -1",
+        "'RANK' not in os.environ",
+        "not dist.is_initialized()",
+        "not (args.distributed or dist.is_initialized())",
+    ],
+)
+def test_single_process_idioms(test: str) -> None:
+    assert runs(f"if {test}:\n    target()\n") is Runs.SINGLE
+
+
+@pytest.mark.parametrize(
+    "test",
+    ["args.world_size > 1", "args.local_rank != -1", "'RANK' in os.environ", "args.distributed", "dist.is_initialized()"],
+)
+def test_the_else_of_a_distributed_check_is_single_process(test: str) -> None:
+    assert runs(f"if {test}:\n    pass\nelse:\n    target()\n") is Runs.SINGLE
+
+
+def test_elif_rank_not_in_environ_is_single_process() -> None:
+    source = """
+    if 'SLURM_PROCID' in os.environ:
+        pass
+    elif 'RANK' not in os.environ:
+        target()
+    """
+    assert runs(source) is Runs.SINGLE
+
+
+@pytest.mark.parametrize(
+    "test",
+    # true in distributed runs too: they decide nothing
+    ["args.gpu is not None", "'RANK' in os.environ", "world_size == 2", "args.distributed"],
+)
+def test_conditions_that_are_not_single_process(test: str) -> None:
+    assert runs(f"if {test}:\n    target()\n") is Runs.ALL
+
+
+def test_helper_only_called_under_a_guard() -> None:
+    source = """
+    def save():
+        target()
+    def main():
+        if dist.get_rank() == 0:
+            save()
+    main()
+    """
+    assert runs(source) is Runs.RANK0
+
+
+def test_helper_called_guarded_and_unguarded_runs_everywhere() -> None:
+    source = """
+    def save():
+        target()
+    if dist.get_rank() == 0:
+        save()
+    save()
+    """
+    assert runs(source) is Runs.ALL
+
+
+def test_method_called_through_an_instance_built_here() -> None:
+    source = """
+    class Trainer:
+        def fit(self):
+            target()
+    trainer = Trainer()
+    if dist.get_rank() == 0:
+        trainer.fit()
+    """
+    assert runs(source) is Runs.RANK0
+
+
+def test_spawn_target_runs_on_every_rank_even_if_also_called_single_process() -> None:
+    source = """
+    def worker(index):
+        target()
+    if __name__ == "__main__":
+        if 'RANK' not in os.environ:
+            worker(0)
+        mp.spawn(worker, nprocs=2)
+    """
+    assert runs(source) is Runs.ALL
+
+
+def test_helper_nobody_calls_is_unknown() -> None:
+    assert runs("def helper():\n    target()\n") is Runs.UNKNOWN
+
+
+def test_mutually_recursive_helpers_still_find_the_guard() -> None:
+    source = """
+    def ping(n):
+        target()
+        if n:
+            pong(n - 1)
+    def pong(n):
+        ping(n)
+    if dist.get_rank() == 0:
+        ping(3)
+    """
+    assert runs(source) is Runs.RANK0
+
+
+def test_a_check_on_an_untraceable_id_is_unknown() -> None:
+    assert runs("if self.gpu_id == 0:\n    target()\n") is Runs.UNKNOWN
+
+
+def test_a_single_process_check_outside_a_rank_check_wins() -> None:
+    source = "if not args.distributed:\n    if dist.get_rank() == 0:\n        target()\n"
+    assert runs(source) is Runs.SINGLE
+
+
+def test_route_runs_narrows_by_the_path_a_value_takes() -> None:
+    # `gpu = 0` only on the single-node path: the literal reaches set_device there only.
+    source = PRELUDE + textwrap.dedent(
+        """
+        def worker(gpu):
+            torch.cuda.set_device(gpu)
+        def main():
+            if args.distributed:
+                mp.spawn(worker, nprocs=4)
+            else:
+                worker(0)
+        main()
+        """
+    )
+    model = build_analysis(cst.parse_module(source))
+    sink = model.calls_named("torch.cuda.set_device")[0]
+    routes = model.routes(sink.arg(0), sink.order, sink.function)
+    assert [model.code_of(r.value) for r in routes] == ["0"]
+    assert who_runs(model, sink).runs is Runs.ALL
+    assert route_runs(model, routes[0], sink) is Runs.SINGLE
