@@ -265,6 +265,8 @@ def local_device_expression(model: ModuleModel, call: Call) -> Optional[str]:
             continue
         if model.reaching_assignments(assignment.target, call.order, call.function) != [assignment]:
             continue
+        if assignment.ctx.guards != call.ctx.guards[: len(assignment.ctx.guards)]:
+            continue  # bound under a condition the call does not share
         if _is_local_cuda_device(model, assignment.value, assignment.order, assignment.function):
             return assignment.target
     for pin in model.calls_named("torch.cuda.set_device"):

@@ -621,17 +621,18 @@ def _rank_kinds(model: ModuleModel, test: cst.BaseExpression, order: int, functi
             return frozenset({"unknown"})
         return frozenset({"global" if kind == "global" else "local"})
     name = dotted_name(test.func if isinstance(test, cst.Call) else test)
-    if name is not None and last_segment(name) in LOCAL_MAIN_PROCESS_NAMES:
-        return frozenset({"local"})
-    if is_main_process_predicate(model, test, order, function):
-        return frozenset({"global"})
     if name is not None and not isinstance(test, cst.Call):
+        # A flag bound to a rank test (`is_master = args.local_rank == 0`): what it compares, not its name.
         out = set()
         for value in model.reaching_values(test, order, function):
             if value is not test and isinstance(value, (cst.Comparison, cst.BooleanOperation, cst.UnaryOperation)):
                 out |= _rank_kinds(model, value, order, function, depth + 1)
         if out:
             return frozenset(out)
+    if name is not None and last_segment(name) in LOCAL_MAIN_PROCESS_NAMES:
+        return frozenset({"local"})
+    if is_main_process_predicate(model, test, order, function):
+        return frozenset({"global"})
     return frozenset({"unknown"})
 
 
