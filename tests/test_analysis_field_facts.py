@@ -197,3 +197,33 @@ def test_constructor_call_reaches_init() -> None:
     assert who_runs(model, target(model)).runs is Runs.RANK0
     (init,) = [f for f in model.functions if f.qualname == "Trainer.__init__"]
     assert [c.dotted for c in model.callers(init)] == ["Trainer"]
+
+
+@pytest.mark.parametrize(
+    "test",
+    ["RANK == -1", "LOCAL_RANK == -1", "WORLD_SIZE == 1", "cuda and RANK == -1 and torch.cuda.device_count() > 1"],
+)
+def test_upper_case_launcher_constants_are_single_process_tests(test: str) -> None:
+    source = f"RANK = int(os.getenv('RANK', -1))\nLOCAL_RANK = RANK\nWORLD_SIZE = 1\ncuda = True\nif {test}:\n    target()\n"
+    model = build(source)
+    assert who_runs(model, target(model)).runs is Runs.SINGLE
+
+
+@pytest.mark.parametrize(("value", "expected"), [("1", Runs.SINGLE), ("2", Runs.ALL)])
+def test_n_gpu_idiom_through_a_helper_parameter(value: str, expected: Runs) -> None:
+    source = f"""\
+    def train(args, model):
+        if args.n_gpu > 1 and not isinstance(model, torch.nn.DataParallel):
+            target()
+    def main():
+        args = argparse.Namespace()
+        if args.local_rank == -1:
+            args.n_gpu = torch.cuda.device_count()
+        else:
+            dist.init_process_group("nccl")
+            args.n_gpu = {value}
+        train(args, None)
+    main()
+    """
+    model = build(source)
+    assert who_runs(model, target(model)).runs is expected

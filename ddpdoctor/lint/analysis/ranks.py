@@ -260,7 +260,7 @@ def is_single_process_test(model: ModuleModel, test: cst.BaseExpression, negated
     if isinstance(test.left, cst.SimpleString) and isinstance(operator, cst.NotIn):
         # `"RANK" not in os.environ`: no launcher set this process up.
         return model.qualify(right) == "os.environ" and str(test.left.evaluated_value) in LAUNCHER_ENV
-    last = last_segment(dotted_name(test.left) or "")
+    last = last_segment(dotted_name(test.left) or "").lower()  # `RANK == -1` (yolov5) as well
     if last.endswith("rank") and isinstance(operator, cst.Equal):
         return literal_int(right) == -1
     if "world_size" in last or last in ("num_gpus", "n_gpus", "num_processes"):
@@ -639,16 +639,36 @@ def _rank_kinds(model: ModuleModel, test: cst.BaseExpression, order: int, functi
 def _gpu_count_of_one_process(model: ModuleModel, guard: Guard) -> bool:
     """`if args.n_gpu > 1:` in the legacy Hugging Face examples: the GPU count is the device count
     when `local_rank == -1` and set to 1 on the distributed path, so the branch (a DataParallel
-    wrap, a `loss.mean()`) only runs in a single process. Any literal 1 among the values counts."""
-    test = guard.test
-    if guard.negated or not isinstance(test, cst.Comparison) or len(test.comparisons) != 1:
+    wrap, a `loss.mean()`) only runs in a single process. The count is followed to its values; when
+    it cannot be (`args` handed to a helper), an assignment of a literal 1 to the same attribute
+    anywhere in the module counts."""
+    if guard.negated:
+        return False
+    return _above_one_but_set_to_one(model, guard.test, guard.order, guard.function)
+
+
+def _above_one_but_set_to_one(model: ModuleModel, test: cst.BaseExpression, order: int, function: Optional[Function]) -> bool:
+    if isinstance(test, cst.BooleanOperation):
+        return isinstance(test.operator, cst.And) and any(
+            _above_one_but_set_to_one(model, side, order, function) for side in (test.left, test.right)
+        )
+    if not isinstance(test, cst.Comparison) or len(test.comparisons) != 1:
         return False
     target = test.comparisons[0]
     bound = literal_int(target.comparator)
     above_one = (isinstance(target.operator, cst.GreaterThan) and bound == 1) or (
         isinstance(target.operator, cst.GreaterThanEqual) and bound == 2
     )
-    if not above_one or dotted_name(test.left) is None:
+    name = dotted_name(test.left)
+    if not above_one or name is None:
         return False
-    return any(literal_int(value) == 1 for value, _, _ in model.leaf_values(test.left, guard.order, guard.function))
-
+    leaves = model.leaf_values(test.left, order, function)
+    if any(literal_int(value) == 1 for value, _, _ in leaves):
+        return True
+    if "." in name and all(value is test.left for value, _, _ in leaves):
+        last = last_segment(name)
+        return any(
+            a.target.rsplit(".", 1)[-1] == last and a.value is not None and literal_int(a.value) == 1
+            for a in model.assignments
+        )
+    return False

@@ -16,6 +16,7 @@ LOAD = "torch.load"
 RESTORE_METHODS = ("load_state_dict",)
 # Reading a part of a loaded checkpoint: `ckpt["model"]`, `ckpt.get("model")`, `ckpt["a"]["b"]`.
 PART_METHODS = frozenset({"get", "pop", "items", "copy"})
+NUMBERS_ONLY_PREFIXES = ("torch.optim.lr_scheduler.", "torch.amp.GradScaler", "torch.cuda.amp.GradScaler", "torch.amp.grad_scaler.")
 
 
 class LoadWithoutMapLocation(Rule):
@@ -41,11 +42,16 @@ class LoadWithoutMapLocation(Rule):
             return
         restored = self._restored_loads()
         for load in loads:
-            if id(load) not in restored:
+            restores = restored.get(id(load), [])
+            if not restores:
                 continue  # data (a features cache, a vocabulary), not a checkpoint
+            if all(self._holds_no_tensors(r) for r in restores):
+                continue  # a scheduler's or a scaler's state is plain numbers: nothing lands on a GPU
+            if self._mapped_elsewhere(load, loads):
+                continue  # `if args.gpu is None: torch.load(p) else: torch.load(p, map_location=loc)`
             if who_runs(model, load).runs is not Runs.ALL:
                 continue  # rank 0 loads and broadcasts, a single-process branch, or undecidable
-            restore = restored[id(load)]
+            restore = restores[0]
             where = "" if self.line(restore.node) == self.line(load.node) else (
                 f" (restored by {restore.attr} at line {self.line(restore.node)})"
             )
@@ -94,14 +100,40 @@ class LoadWithoutMapLocation(Rule):
             return False
         return True
 
-    def _restored_loads(self) -> dict[int, Call]:
-        """The loads whose result reaches `load_state_dict`, directly, through a key or a helper."""
-        out: dict[int, Call] = {}
+    def _restored_loads(self) -> dict[int, list[Call]]:
+        """For each load whose result reaches `load_state_dict` (directly, through a key or a
+        helper), the restores it reaches."""
+        out: dict[int, list[Call]] = {}
         for restore in self.model.method_calls(*RESTORE_METHODS):
             state = restore.arg(0, "state_dict")
             for load in self._loads_behind(state, restore.order, restore.function, 0):
-                out.setdefault(id(load), restore)
+                out.setdefault(id(load), []).append(restore)
         return out
+
+    def _holds_no_tensors(self, restore: Call) -> bool:
+        """`scheduler.load_state_dict(...)` / `scaler.load_state_dict(...)`: LR schedulers and
+        gradient scalers keep only Python numbers in their state, so their file maps nowhere."""
+        receiver = restore.receiver
+        if receiver is None:
+            return False
+        names = self.model.origin_names(receiver, restore.order, restore.function)
+        if any(n.startswith(NUMBERS_ONLY_PREFIXES) or "schedule" in n.rsplit(".", 1)[-1] for n in names):
+            return True
+        last = (dotted_name(receiver) or "").rsplit(".", 1)[-1].lower()
+        return not names and ("sched" in last or "scaler" in last)
+
+    def _mapped_elsewhere(self, load: Call, loads_without: list[Call]) -> bool:
+        """Another `torch.load` of the same file in the same function passes map_location: the bare
+        one is the branch with no GPU of its own (the ImageNet-style `if args.gpu is None:`)."""
+        first = load.arg(0, "f")
+        if first is None:
+            return False
+        text = self.model.code_of(first)
+        return any(
+            other.function is load.function and other not in loads_without
+            and (arg := other.arg(0, "f")) is not None and self.model.code_of(arg) == text
+            for other in self.model.calls_named(LOAD)
+        )
 
     def _loads_behind(
         self, expr: Optional[cst.BaseExpression], order: int, function: Optional[Function], depth: int
