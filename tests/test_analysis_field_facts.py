@@ -87,12 +87,18 @@ def test_n_gpu_idiom(value: str, expected: Runs) -> None:
         ("is_main_process()", {"global"}),
         ("is_master", {"local"}),
         ("args.rank == 0 and gpu == 0", {"global", "local"}),
+        # built in steps (`args.rank += gpu` after `node * ngpus`): not certainly local
+        ("args.rank == 0", {"global"}),
+        ("stepped.rank == 0", {"unknown"}),
     ],
 )
 def test_guard_rank_kinds(test: str, kinds: set[str]) -> None:
     source = f"""\
     def worker(gpu, args, ngpus):
         is_master = int(os.environ["LOCAL_RANK"]) == 0
+        stepped = argparse.Namespace()
+        stepped.rank = int(os.environ["SLURM_NODEID"]) * ngpus
+        stepped.rank += gpu
         if {test}:
             target()
     mp.spawn(worker, nprocs=2)

@@ -112,6 +112,13 @@ def test_dp003_n_gpu_branch_is_single_process_only_when_set_to_one() -> None:
     assert lines(base.format(value="1"), "DP003") == []
 
 
+def test_dp003_silent_when_the_other_branch_of_the_same_if_wraps_in_ddp() -> None:
+    source = TORCHRUN + "flag = True\nif flag:\n    m = torch.nn.DataParallel(model)\nelse:\n    m = DDP(model)\n"
+    assert lines(source, "DP003") == []
+    source = TORCHRUN + "flag = True\nif flag:\n    m = torch.nn.DataParallel(model)\nif not flag:\n    m = DDP(model)\n"
+    assert lines(source, "DP003") == [12]
+
+
 def test_dp003_skips_test_suites() -> None:
     source = "import unittest\n" + TORCHRUN + "m = torch.nn.DataParallel(model)\n"
     assert lines(source, "DP003") == []

@@ -619,7 +619,16 @@ def _rank_kinds(model: ModuleModel, test: cst.BaseExpression, order: int, functi
         kind = rank_kind(model, left, order, function)
         if kind is None:
             return frozenset({"unknown"})
-        return frozenset({"global" if kind == "global" else "local"})
+        if kind == "global":
+            return frozenset({"global"})
+        # "local" only when certain: the name says so, or every source of the value does. A rank
+        # built up in steps (`args.rank = node * ngpus` then `args.rank += gpu`) is global.
+        name = dotted_name(left)
+        if name is not None and "local" in last_segment(name).lower():
+            return frozenset({"local"})
+        if rank_source(model, left, order, function) in ("local", "spawn"):
+            return frozenset({"local"})
+        return frozenset({"unknown"})
     name = dotted_name(test.func if isinstance(test, cst.Call) else test)
     if name is not None and not isinstance(test, cst.Call):
         # A flag bound to a rank test (`is_master = args.local_rank == 0`): what it compares, not its name.

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-from ddpdoctor.lint.analysis import Runs, launch, who_runs
+from ddpdoctor.lint.analysis import Call, Runs, launch, who_runs
 from ddpdoctor.lint.rules.base import Rule
 
 DATA_PARALLEL = "torch.nn.DataParallel"
+DDP_CLASS = launch.DDP_CLASS
 # Any answer but these puts the wrap inside a rank: a single-process branch, or undecidable.
 SILENT = (Runs.SINGLE, Runs.UNKNOWN)
 
@@ -40,7 +41,7 @@ class DataParallelInsideRank(Rule):
             setup.name or "", "hvd.init()" if (setup.name or "").startswith("horovod.") else "DeepSpeed"
         )
         for wrap in wraps:
-            if who_runs(self.model, wrap).runs in SILENT:
+            if who_runs(self.model, wrap).runs in SILENT or self._other_branch_wraps_in_ddp(wrap):
                 continue
             self.report(
                 wrap.node,
@@ -50,3 +51,13 @@ class DataParallelInsideRank(Rule):
                 f"(DistributedDataParallel alone), or keep DataParallel for the single-process branch "
                 f"(`if not args.distributed:`).",
             )
+
+    def _other_branch_wraps_in_ddp(self, wrap: Call) -> bool:
+        """`if args.dataparallel: DataParallel(m) else: DDP(m)`: the two wraps are alternatives, and
+        the DataParallel one is the script's single-process mode, chosen by the user."""
+        for ddp in self.model.calls_named(DDP_CLASS):
+            for theirs in ddp.ctx.guards:
+                if any(ours.test is theirs.test and ours.negated != theirs.negated for ours in wrap.ctx.guards):
+                    return True
+        return False
+
