@@ -207,3 +207,17 @@ def test_route_runs_narrows_by_the_path_a_value_takes() -> None:
     assert [model.code_of(r.value) for r in routes] == ["0"]
     assert who_runs(model, sink).runs is Runs.ALL
     assert route_runs(model, routes[0], sink) is Runs.SINGLE
+
+
+@pytest.mark.parametrize(
+    ("test", "expected"),
+    [
+        ("args.local_rank == -1 or args.no_cuda", Runs.SINGLE),
+        ("args.local_rank == -1 or not torch.cuda.is_available()", Runs.SINGLE),
+        # an operand that is neither single-process nor GPU-less: any run may take the branch
+        ("args.local_rank == -1 or args.debug", Runs.ALL),
+        ("args.no_cuda or args.fp16", Runs.ALL),
+    ],
+)
+def test_single_process_or_no_gpu(test: str, expected: Runs) -> None:
+    assert runs(f"if {test}:\n    target()\n") is expected

@@ -118,6 +118,19 @@ def test_project_file_named_alone_yields_exactly_its_pinned_findings(path: Path)
     assert _found(findings) == pins.findings, _mismatch(pins.findings, findings)
 
 
+def test_projects_are_real_projects() -> None:
+    """A project fixture has several modules, and at least half of the projects are traps."""
+    projects = project_dirs()
+    assert len(projects) >= 12
+    traps = 0
+    for project in projects:
+        files = project_files(project)
+        assert len(files) >= 2, f"{project.name}: a project needs at least two modules"
+        if not any(read_pins_file(p).findings for p in files):
+            traps += 1
+    assert traps * 2 >= len(projects), f"only {traps} of {len(projects)} projects are traps"
+
+
 def test_every_lint_rule_has_enough_fixtures() -> None:
     """At least two positives and two traps per code (the traps: files under fixtures/<CODE>/ that
     expect none of that code)."""

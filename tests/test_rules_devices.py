@@ -101,19 +101,21 @@ def test_ddp003_cuda_if_available_else_cpu_is_still_hardcoded() -> None:
     assert "init_process_group at line" in found[0].message
 
 
-def test_ddp003_reports_every_use_of_a_literal() -> None:
-    # Every sink, not only the first: fixing one `.to(device)` must not unveil the next.
+def test_ddp003_reports_a_shared_literal_once_and_each_inline_literal() -> None:
+    # A literal defined once is one fix (at its line); literals written at each use are each a fix.
     found = findings(
         """
         dist.init_process_group("nccl")
         device = "cuda:0"
         x = x.to(device)
         y = y.to(device)
+        z = z.to("cuda:1")
+        w = w.cuda(0)
         """,
         "DDP003",
     )
-    assert [f.line for f in found] == [10, 11]  # after the 7-line header
-    assert all("(set at line 9)" in f.message for f in found)
+    assert [f.line for f in found] == [10, 12, 13]  # after the 7-line header
+    assert "(set at line 9)" in found[0].message
 
 
 @pytest.mark.parametrize(
@@ -251,7 +253,6 @@ def test_ddp005_augmented_world_size_is_silent() -> None:
 @pytest.mark.parametrize(
     "source",
     [
-        'dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")\n',
         'dist.init_process_group("nccl", device_id=torch.device("cuda", local_rank))\n',
         "dist.init_process_group(backend)\n",  # cannot be followed
         # a utils-module helper no one in this file calls: the caller may pin first
@@ -269,6 +270,16 @@ def test_ddp005_augmented_world_size_is_silent() -> None:
 )
 def test_ddp011_silent(source: str) -> None:
     assert findings(source, "DDP011") == []
+
+
+@pytest.mark.parametrize(
+    "backend",
+    ['"nccl" if torch.cuda.is_available() else "gloo"', '"gloo" if args.cpu else "nccl"'],
+)
+def test_ddp011_conditional_backend_with_an_nccl_arm(backend: str) -> None:
+    # Issue 10: both arms are followed; the run that takes the NCCL arm needs its GPU pinned.
+    assert len(findings(f"dist.init_process_group({backend})\n", "DDP011")) == 1
+    assert findings(f"dist.init_process_group({backend.replace('nccl', 'mpi')})\n", "DDP011") == []
 
 
 def test_ddp011_spawn_target_counts_as_called() -> None:

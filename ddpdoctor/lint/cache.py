@@ -11,7 +11,7 @@ import hashlib
 import json
 import os
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 from ddpdoctor import __version__
 from ddpdoctor.findings import Finding
@@ -37,17 +37,28 @@ class ResultCache:
         except (OSError, ValueError):
             pass
 
-    def get(self, path: str, digest: str) -> Optional[list[Finding]]:
+    def get(
+        self, path: str, digest: str, unchanged: Optional[Callable[[Path, Optional[str]], bool]] = None
+    ) -> Optional[list[Finding]]:
+        """The cached findings, if `digest` matches and every project module the analysis read is
+        still as it was (`unchanged(path, state)`, as ProjectSources.unchanged)."""
         entry = self.entries.get(os.path.abspath(path))
         if not entry or entry[0] != digest:
+            return None
+        depends = entry[2] if len(entry) > 2 else {}
+        if not isinstance(depends, dict):
+            return None
+        if depends and (unchanged is None or not all(unchanged(Path(p), state) for p, state in depends.items())):
             return None
         try:
             return [Finding.from_dict(d) for d in entry[1]]
         except (KeyError, TypeError, ValueError):
             return None
 
-    def put(self, path: str, digest: str, findings: list[Finding]) -> None:
-        self.entries[os.path.abspath(path)] = [digest, [f.to_dict() for f in findings]]
+    def put(
+        self, path: str, digest: str, findings: list[Finding], depends: Optional[dict[str, Optional[str]]] = None
+    ) -> None:
+        self.entries[os.path.abspath(path)] = [digest, [f.to_dict() for f in findings], depends or {}]
         self.dirty = True
 
     def save(self) -> None:

@@ -22,8 +22,9 @@ from ddpdoctor.catalog import rule_info
 from ddpdoctor.config import Settings
 from ddpdoctor.findings import Finding, Severity
 from ddpdoctor.lint import fixes as fixing
+from ddpdoctor.lint.analysis.imports import ProjectSources
 from ddpdoctor.lint.cache import ResultCache, content_hash
-from ddpdoctor.lint.analysis import build_analysis
+from ddpdoctor.lint.analysis import ModuleModel, build_analysis
 from ddpdoctor.lint.files import discover
 from ddpdoctor.lint.rules.base import Rule, all_rules
 from ddpdoctor.lint.suppress import apply_suppressions
@@ -44,6 +45,8 @@ class FileResult:
     error: Optional[str] = None  # an I/O problem with this file (reported, exit 2)
     cached: bool = False
     parsed: bool = False
+    # The project modules its analysis read (path -> state, as ProjectSources.dependencies()).
+    depends: dict[str, Optional[str]] = field(default_factory=dict)
 
 
 @dataclass
@@ -119,19 +122,33 @@ def lint_text(
     path: str,
     rules: Sequence[type[Rule]],
     world_size: Optional[int] = None,
+    project: Optional[ProjectSources] = None,
+    data: Optional[bytes] = None,
 ) -> tuple[list[Finding], bool]:
-    """Parse once, build the analysis once, run every rule. Returns (findings, parsed)."""
+    """Parse once, build the analysis once, run every rule. Returns (findings, parsed).
+
+    With a `project`, the analysis may read the project modules this file imports; findings are
+    kept for this file only, and what was read is in `project.dependencies()` (the caller's scope)."""
     try:
         module = cst.parse_module(text)
     except cst.ParserSyntaxError as error:
         return [_syntax_error_finding(text, path, error)], True
     except (RecursionError, MemoryError):
         return [_parse_error(path, "cannot parse: the file is nested too deeply")], True
-    model = build_analysis(module, path, world_size=world_size)
+    if project is not None and data is not None:
+        project.provide(Path(path), data, module)
+    model = _analyse(module, path, world_size, project)
     findings: list[Finding] = []
     for rule_class in rules:
-        findings.extend(rule_class(model).run())
+        findings.extend(f for f in rule_class(model).run() if f.path == path)
     return apply_suppressions(findings, text), True
+
+
+def _analyse(
+    module: cst.Module, path: str, world_size: Optional[int], project: Optional[ProjectSources]
+) -> ModuleModel:
+    """The one call into the analysis layer (the seam the project-wide tests observe)."""
+    return build_analysis(module, path, world_size=world_size, project=project)
 
 
 def _syntax_error_finding(text: str, path: str, error: cst.ParserSyntaxError) -> Finding:
@@ -161,6 +178,7 @@ def lint_bytes(
     codes: frozenset[str],
     world_size: Optional[int] = None,
     fix: bool = False,
+    project: Optional[ProjectSources] = None,
 ) -> FileResult:
     decoded = decode(data, path)
     if isinstance(decoded, Finding):
@@ -171,9 +189,16 @@ def lint_bytes(
     rules = interested_rules(data, selected)
     if not rules and (selected or PARSE_ERROR_CODE not in codes):
         return FileResult(path, [], source=text)
-    findings, parsed = lint_text(text, path, rules, world_size)
+    depends: dict[str, Optional[str]] = {}
+    if project is None:
+        findings, parsed = lint_text(text, path, rules, world_size)
+    else:
+        with project.scope():
+            findings, parsed = lint_text(text, path, rules, world_size, project, data)
+            own = Path(os.path.abspath(path))
+            depends = {str(p): state for p, state in project.dependencies().items() if p != own}
     findings = [f for f in findings if f.code in codes]
-    result = FileResult(path, findings, source=text, parsed=parsed)
+    result = FileResult(path, findings, source=text, parsed=parsed, depends=depends)
     if fix:
         # Fix rounds re-lint with every selected rule: a fix may add text another rule cares about.
         _fix_rounds(result, selected, codes, world_size)
@@ -216,6 +241,15 @@ def lint_source(
     return lint_bytes(data, path, codes, settings.world_size, fix)
 
 
+# One per worker process and run (set by the pool's initializer, or by lint_paths when serial).
+_project: Optional[ProjectSources] = None
+
+
+def _start_run(roots: tuple[Path, ...]) -> None:
+    global _project
+    _project = ProjectSources(roots)
+
+
 def _lint_file_task(args: tuple[str, frozenset[str], Optional[int], bool]) -> FileResult:
     path, codes, world_size, fix = args
     try:
@@ -223,7 +257,7 @@ def _lint_file_task(args: tuple[str, frozenset[str], Optional[int], bool]) -> Fi
             data = handle.read()
     except OSError as error:
         return FileResult(path, [], error=f"{path}: cannot read: {error.strerror}")
-    result = lint_bytes(data, path, codes, world_size, fix)
+    result = lint_bytes(data, path, codes, world_size, fix, _project)
     if not fix:
         result.source = None  # the parent re-reads only files with findings, for code frames
     return result
@@ -240,6 +274,7 @@ def lint_paths(
     """Lint files and folders. Returns the results and the folders that held no Python file."""
     discovered = discover(paths, settings)
     enabled = settings.enabled_codes()
+    project = ProjectSources.for_paths([Path(p) for p in paths])
     cache: Optional[ResultCache] = None
     if use_cache and not fix:
         root = cache_root or settings.root or Path.cwd()
@@ -258,7 +293,7 @@ def lint_paths(
             except OSError as error:
                 slots.append(FileResult(path, [], error=f"{path}: cannot read: {error.strerror}"))
                 continue
-            cached = cache.get(path, digest + ":" + ",".join(sorted(codes)))
+            cached = cache.get(path, digest + ":" + ",".join(sorted(codes)), project.unchanged)
             if cached is not None:
                 slots.append(FileResult(path, [dataclasses.replace(f, path=path) for f in cached], cached=True))
                 continue
@@ -268,15 +303,21 @@ def lint_paths(
 
     workers = jobs if jobs and jobs > 0 else (os.cpu_count() or 1)
     if workers > 1 and len(pending) >= PARALLEL_THRESHOLD:
-        with ProcessPoolExecutor(max_workers=min(workers, len(pending))) as pool:
+        with ProcessPoolExecutor(
+            max_workers=min(workers, len(pending)), initializer=_start_run, initargs=(project.roots,)
+        ) as pool:
             chunk = max(1, len(pending) // (workers * 8))
             outcomes = list(pool.map(_lint_file_task, [task for _, task in pending], chunksize=chunk))
     else:
-        outcomes = [_lint_file_task(task) for _, task in pending]
+        _start_run(project.roots)
+        try:
+            outcomes = [_lint_file_task(task) for _, task in pending]
+        finally:
+            _start_run(())  # drop this run's modules: the next run must not see stale ones
     for (index, _), outcome in zip(pending, outcomes):
         slots[index] = outcome
         if cache is not None and outcome.error is None and index in digests:
-            cache.put(outcome.path, digests[index], outcome.findings)
+            cache.put(outcome.path, digests[index], outcome.findings, outcome.depends)
     if cache is not None:
         cache.save()
     run.files = [slot for slot in slots if slot is not None]

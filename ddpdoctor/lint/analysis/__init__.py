@@ -19,7 +19,8 @@ from typing import Optional
 
 import libcst as cst
 
-from ddpdoctor.lint.analysis import devices, harness, launch, ranks, syntax
+from ddpdoctor.lint.analysis import devices, harness, launch, ranks, summaries, syntax
+from ddpdoctor.lint.analysis.imports import ProjectSources
 from ddpdoctor.lint.analysis.model import (
     MAX_DEPTH,
     Assignment,
@@ -37,11 +38,18 @@ from ddpdoctor.lint.analysis.syntax import UNKNOWN, Expr, contains, dotted_name,
 
 __all__ = [
     "MAX_DEPTH", "UNKNOWN", "Assignment", "Call", "Context", "Expr", "Function", "Guard", "Loop",
-    "ModuleModel", "Route", "Runs", "SubscriptStore", "WhoRuns", "build_analysis", "contains", "devices",
-    "dotted_name", "harness", "launch", "names_in", "ranks", "syntax", "route_runs", "walk", "who_runs",
+    "ModuleModel", "ProjectSources", "Route", "Runs", "SubscriptStore", "WhoRuns", "build_analysis", "contains", "devices",
+    "dotted_name", "harness", "launch", "names_in", "ranks", "syntax", "route_runs", "summaries", "walk", "who_runs",
 ]
 
 
-def build_analysis(module: cst.Module, path: str = "<string>", *, world_size: Optional[int] = None) -> ModuleModel:
-    """The analysis of one parsed module, as the rules query it."""
-    return ModuleModel.build(module, path, world_size)
+def build_analysis(
+    module: cst.Module,
+    path: str = "<string>",
+    *,
+    world_size: Optional[int] = None,
+    project: Optional[ProjectSources] = None,
+) -> ModuleModel:
+    """The analysis of one parsed module, as the rules query it. With `project`, the modules it
+    imports from the project are read (lazily, once per run) when a question crosses into them."""
+    return ModuleModel.build(module, path, world_size, project)

@@ -10,11 +10,12 @@ from typing import Optional, Union
 
 import libcst as cst
 
-from ddpdoctor.lint.analysis.launch import DDP_CLASS, INIT_PROCESS_GROUP
+from ddpdoctor.lint.analysis.launch import DDP_CLASS, INIT_PROCESS_GROUP, runs_in_module
 from ddpdoctor.lint.analysis.model import MAX_DEPTH, Assignment, Call, Function, ModuleModel
 from ddpdoctor.lint.analysis.ranks import rank_source
 from ddpdoctor.lint.analysis.syntax import dotted_name, walk
 
+BARRIER = "torch.distributed.barrier"
 # Calls that make a device the process's current one (a call or a `with` context).
 DEVICE_PIN_CALLS = frozenset(
     {
@@ -34,16 +35,22 @@ _CUDA_PERCENT = re.compile(r"^cuda:%[dis]$")
 VISIBLE_DEVICES_KEYS = frozenset({"CUDA_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES", "NVIDIA_VISIBLE_DEVICES"})
 
 
-def device_pin_calls(model: ModuleModel) -> list[Call]:
+def device_pin_calls(model: ModuleModel, within: Optional[Function] = None) -> list[Call]:
     """Calls that pin this process's device: `torch.cuda.set_device(x)`, `with torch.cuda.device(x)`,
-    `torch.accelerator.set_device_index(x)`, `init_process_group(..., device_id=x)`, or a helper
-    whose name says it does (`utils.set_device(...)`, `init_distributed_device(args)`)."""
+    `torch.accelerator.set_device_index(x)`, `init_process_group(..., device_id=x)`,
+    `dist.barrier(device_ids=[x])`, or a helper whose name says it does (`utils.set_device(...)`,
+    `init_distributed_device(args)`); only where they run (not in a helper nothing here calls).
+    With `within`, the calls in that function's body (it is called from another module)."""
     out: list[Call] = []
-    for call in model.calls:
+    for call in model.calls if within is None else within.calls:
+        if within is None and not runs_in_module(model, call.function):
+            continue  # a `def set_device(...)` helper that nothing here calls pins nothing
         if call.name in DEVICE_PIN_CALLS:
             out.append(call)
         elif call.name == INIT_PROCESS_GROUP and call.arg(keyword="device_id") is not None:
             out.append(call)
+        elif call.name == BARRIER and call.arg(keyword="device_ids") is not None:
+            out.append(call)  # `dist.barrier(device_ids=[local_rank])` names this process's GPU
         elif call.attr is not None and _PIN_HELPER.match(call.attr) and not (call.name or "").startswith("torch."):
             out.append(call)
     return out

@@ -15,8 +15,6 @@ def is_test_module(model: ModuleModel) -> bool:
     (`test_*.py`, `*_test.py`, `*_tests.py`, `conftest.py`) or one built on a test harness
     (unittest, pytest, torch's internal distributed test fixtures). Tests pin devices, ranks and
     learning rates per test case on purpose; rules about those choices stay silent there."""
-    import os.path
-
     name = os.path.basename(model.path)
     if name.startswith("test_") or name.endswith(("_test.py", "_tests.py")) or name == "conftest.py":
         return True

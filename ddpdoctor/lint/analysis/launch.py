@@ -21,29 +21,69 @@ HOROVOD_INIT_CALLS = frozenset(
     {"horovod.torch.init", "horovod.tensorflow.init", "horovod.keras.init", "horovod.tensorflow.keras.init"}
 )
 SPAWN_CALLS = frozenset({"torch.multiprocessing.spawn", "torch.multiprocessing.start_processes"})
+# Words one of which a multi-process script's source contains (the engine's cheap pre-filter).
+LAUNCH_WORDS = (
+    "init_process_group", "DistributedDataParallel", "horovod", "deepspeed", "spawn", "start_processes",
+    "elastic_launch",
+)
+# DeepSpeed sets up torch.distributed itself; its launcher (`deepspeed train.py`) starts one process per GPU.
 DEEPSPEED_INIT_CALLS = frozenset({"deepspeed.init_distributed", "deepspeed.initialize"})
+ELASTIC_LAUNCH_CALLS = frozenset(
+    {"torch.distributed.launcher.api.elastic_launch", "torch.distributed.launcher.elastic_launch",
+     "torch.distributed.run.main", "torch.distributed.run.run"}
+)
 
 
 def multiprocess_evidence(model: ModuleModel) -> Optional[Call]:
     """The call that makes this a multi-process training script, or None.
 
-    `init_process_group` with a world size that is not provably 1; without any init in this file,
-    wrapping in DDP, `hvd.init()` or `mp.spawn`. A script whose every init is `world_size=1` (or that
+    `init_process_group` with a world size that is not provably 1 and a backend that is not torch's
+    single-process `fake` one; without any init in this file, wrapping in DDP, `hvd.init()`,
+    `deepspeed.init_distributed()` / `deepspeed.initialize()` (the DeepSpeed launcher), `mp.spawn`
+    or an elastic launch. A script whose every init is `world_size=1` or `backend="fake"` (or that
     is linted with --world-size 1) is a single process."""
     if model.world_size == 1:
         return None
     inits = model.calls_named(INIT_PROCESS_GROUP)
     if inits:
         for call in inits:
+            if is_fake_backend(model, call):
+                continue
             world = call.arg(3, "world_size")
             if world is None or model.const_value(world, call.order, call.function) != 1:
                 return call
         return None
-    for names in ((DDP_CLASS,), tuple(HOROVOD_INIT_CALLS), tuple(DEEPSPEED_INIT_CALLS), tuple(SPAWN_CALLS)):
+    for names in (
+        (DDP_CLASS,), tuple(HOROVOD_INIT_CALLS), tuple(DEEPSPEED_INIT_CALLS), tuple(SPAWN_CALLS),
+        tuple(ELASTIC_LAUNCH_CALLS),
+    ):
         calls = model.calls_named(*names)
         if calls:
             return calls[0]
     return None
+
+
+def is_fake_backend(model: ModuleModel, init: Call) -> bool:
+    """`init_process_group("fake", ...)`: torch's FakeProcessGroup, one process simulating the
+    whole world (tracing and sharding tools)."""
+    backend = model.const_value(init.arg(0, "backend"), init.order, init.function)
+    return isinstance(backend, str) and backend.lower() == "fake"
+
+
+def describe(call: Call) -> str:
+    """How a message names the evidence: "init_process_group", "hvd.init()", ..."""
+    name = call.name or ""
+    if name == INIT_PROCESS_GROUP:
+        return "init_process_group"
+    if name == DDP_CLASS:
+        return "DistributedDataParallel"
+    if name in HOROVOD_INIT_CALLS:
+        return "hvd.init()"
+    if name in DEEPSPEED_INIT_CALLS:
+        return f"{name}()"
+    if name in SPAWN_CALLS:
+        return "mp.spawn"
+    return f"{call.dotted or name}()"
 
 
 def env_reads(model: ModuleModel) -> list[tuple[str, cst.CSTNode]]:

@@ -27,12 +27,15 @@ costs ~0.05x. The rules need far less than full scope analysis, so we record jus
 from __future__ import annotations
 
 import itertools
+import os.path
+from pathlib import Path
 from dataclasses import dataclass, field
 from typing import Callable, Optional, Sequence, TypeVar, Union
 
 import libcst as cst
 from libcst.metadata import CodeRange, MetadataWrapper, PositionProvider
 
+from ddpdoctor.lint.analysis.imports import MemoCycle, ProjectSources
 from ddpdoctor.lint.analysis.syntax import (
     UNKNOWN,
     Expr,
@@ -78,6 +81,7 @@ class Function:
     end_order: int = 0
     parent: Optional["Function"] = None
     returns: list[Expr] = field(default_factory=list)
+    generator: bool = False  # it yields: its loops run as the caller draws from it
     calls: list["Call"] = field(default_factory=list)
 
 
@@ -119,6 +123,10 @@ class Call:
     name: Optional[str]  # import-resolved qualified name of the callee, when it is an import
     dotted: Optional[str]  # the callee as written, e.g. "self.model.module"
     statement: cst.CSTNode
+    # What `**kwargs` carries, when the model could read it whole (a literal dict or `dict(...)`,
+    # then `.update(...)` and `kwargs["k"] = v`): keyword -> value. None when there is no `**` or it
+    # cannot be read.
+    star_keywords: Optional[dict[str, Expr]] = None
 
     @property
     def function(self) -> Optional[Function]:
@@ -147,7 +155,15 @@ class Call:
         return self.node.args
 
     def arg(self, position: Optional[int] = None, keyword: Optional[str] = None) -> Optional[Expr]:
-        """The expression passed at `position` (positional) or as `keyword=`."""
+        """The expression passed at `position` (positional) or as `keyword=`, also through a
+        `**kwargs` the model could read (`star_keywords`)."""
+        written = self.written_arg(position, keyword)
+        if written is None and keyword is not None and self.star_keywords is not None:
+            return self.star_keywords.get(keyword)
+        return written
+
+    def written_arg(self, position: Optional[int] = None, keyword: Optional[str] = None) -> Optional[Expr]:
+        """The expression written in the call itself at `position` or as `keyword=`."""
         if keyword is not None:
             for arg in self.node.args:
                 if arg.keyword is not None and arg.keyword.value == keyword:
@@ -159,7 +175,8 @@ class Call:
         return None
 
     def has_star_args(self) -> bool:
-        return any(a.star for a in self.node.args)
+        """`*args`, or a `**kwargs` whose content is not known: anything may arrive through it."""
+        return any(a.star == "*" or (a.star == "**" and self.star_keywords is None) for a in self.node.args)
 
 
 @dataclass(eq=False)
@@ -170,6 +187,8 @@ class Assignment:
     order: int
     ctx: Context
     node: cst.CSTNode
+    # `a, b = f()`: the unpacked expression and this target's position in it.
+    unpacked: Optional[tuple[Expr, int]] = None
 
     @property
     def function(self) -> Optional[Function]:
@@ -388,7 +407,18 @@ class _Builder:
                     self.model.imported_modules.add(full)
         elif isinstance(small, cst.ImportFrom):
             module = dotted_name(small.module) if small.module is not None else None
-            if module is None or small.relative or isinstance(small.names, cst.ImportStar):
+            level = len(small.relative)
+            if isinstance(small.names, cst.ImportStar):
+                self.model.star_imports.append((module, level))
+                return
+            if level:
+                for alias in small.names:
+                    name = dotted_name(alias.name)
+                    local = dotted_name(alias.asname.name) if alias.asname is not None else name
+                    if name is not None and local:
+                        self.model.relative_imports[local] = (module, level, name)
+                return
+            if module is None:
                 return
             for alias in small.names:
                 name = dotted_name(alias.name)
@@ -400,16 +430,25 @@ class _Builder:
         else:
             self.expr(small)
 
-    def bind_target(self, target: cst.CSTNode, value: Optional[Expr], kind: str, node: cst.CSTNode) -> list[str]:
+    def bind_target(
+        self,
+        target: cst.CSTNode,
+        value: Optional[Expr],
+        kind: str,
+        node: cst.CSTNode,
+        unpacked: Optional[tuple[Expr, int]] = None,
+    ) -> list[str]:
         if isinstance(target, (cst.Tuple, cst.List)):
             names: list[str] = []
             values: Optional[Sequence[Expr]] = None
             if isinstance(value, (cst.Tuple, cst.List)) and len(value.elements) == len(target.elements):
                 values = [el.value for el in value.elements]
+            flat = not any(isinstance(e, cst.StarredElement) for e in target.elements)
             for index, element in enumerate(target.elements):
                 inner_value = values[index] if values is not None else None
                 inner_kind = kind if values is not None else ("unpack" if kind == "assign" else kind)
-                names.extend(self.bind_target(element.value, inner_value, inner_kind, node))
+                source = (value, index) if values is None and value is not None and kind == "assign" and flat else None
+                names.extend(self.bind_target(element.value, inner_value, inner_kind, node, source))
             return names
         if isinstance(target, cst.StarredElement):
             return self.bind_target(target.value, None, "unpack", node)
@@ -422,7 +461,7 @@ class _Builder:
         if name is None:
             self.expr(target)
             return []
-        self.model._add_assignment(Assignment(name, value, kind, next(self.counter), self.context(), node))
+        self.model._add_assignment(Assignment(name, value, kind, next(self.counter), self.context(), node, unpacked))
         return [name]
 
     def record_subscript_store(self, target: cst.Subscript, value: Expr, op: Optional[str]) -> None:
@@ -443,6 +482,8 @@ class _Builder:
             # Calls in a lambda body are recorded in the enclosing context: good enough for rules.
             if isinstance(node, cst.Call):
                 self.record_call(node)
+            elif isinstance(node, cst.Yield) and self.function is not None:
+                self.function.generator = True
             pending.clear()
             for name in child_fields(type(node)):
                 value = getattr(node, name)
@@ -475,11 +516,24 @@ class _Builder:
 class ModuleModel:
     """Everything the rules know about one module. Build with `ModuleModel.build(module)`."""
 
-    def __init__(self, module: cst.Module, path: str = "<string>", world_size: Optional[int] = None) -> None:
+    def __init__(
+        self,
+        module: cst.Module,
+        path: str = "<string>",
+        world_size: Optional[int] = None,
+        project: Optional[ProjectSources] = None,
+    ) -> None:
         self.module = module
         self.path = path
+        self.project = project  # the run's project modules; None for stdin and snippets
         self.world_size = world_size  # --world-size / config: the number of processes or GPUs
         self.imports: dict[str, str] = {}
+        # `from <module> import *`, in order: (module, number of leading dots).
+        self.star_imports: list[tuple[Optional[str], int]] = []
+        # `from .<module> import name [as local]`: local -> (module, level, name).
+        self.relative_imports: dict[str, tuple[Optional[str], int, str]] = {}
+        self._star_table: Optional[dict[str, str]] = None
+        self._star_fallback: Optional[str] = None
         self.imported_modules: set[str] = set()
         self.calls: list[Call] = []
         self.assignments: list[Assignment] = []
@@ -499,8 +553,14 @@ class ModuleModel:
         self._steps = 0
 
     @classmethod
-    def build(cls, module: cst.Module, path: str = "<string>", world_size: Optional[int] = None) -> "ModuleModel":
-        model = cls(module, path, world_size)
+    def build(
+        cls,
+        module: cst.Module,
+        path: str = "<string>",
+        world_size: Optional[int] = None,
+        project: Optional[ProjectSources] = None,
+    ) -> "ModuleModel":
+        model = cls(module, path, world_size, project)
         builder = _Builder(model)
         # Imports first: a later `import` still names what earlier calls in functions mean at run time.
         for statement in module.body:
@@ -509,7 +569,48 @@ class ModuleModel:
                     if isinstance(small, (cst.Import, cst.ImportFrom)):
                         builder.small(small, statement)
         builder.block(module.body)
+        if model.star_imports:
+            # Names that arrive through a star import are known only now that local bindings are.
+            for call in model.calls:
+                call.name = model.qualify(call.node.func)
+        for call in model.calls:
+            if any(arg.star == "**" for arg in call.node.args):
+                call.star_keywords = model._star_keywords(call)
         return model
+
+    def _star_keywords(self, call: Call) -> Optional[dict[str, Expr]]:
+        """What `f(**name)` passes, when `name` is one literal dict / `dict(k=v)` built in the same
+        function and changed since only by `.update(k=v)` / `.update({...})` / `name["k"] = v`."""
+        out: dict[str, Expr] = {}
+        for arg in call.node.args:
+            if arg.star != "**":
+                continue
+            name = dotted_name(arg.value)
+            if name is None:
+                return None
+            found = self.reaching_assignments(name, call.order, call.function)
+            if len(found) != 1 or found[0].kind != "assign" or found[0].function is not call.function:
+                return None
+            built = found[0]
+            entries = _literal_keywords(built.value)
+            if entries is None:
+                return None
+            out.update(entries)
+            for update in self.method_calls("update"):
+                if dotted_name(update.receiver) == name and update.function is call.function and built.order < update.order < call.order:
+                    entries = {}
+                    for item in update.args:
+                        more = _literal_keywords(item.value) if item.keyword is None else {item.keyword.value: item.value}
+                        if more is None or item.star:
+                            return None
+                        entries.update(more)
+                    out.update(entries)
+            for store in self.subscript_stores:
+                if dotted_name(store.target) == name and store.ctx.function is call.function and built.order < store.order < call.order:
+                    if not isinstance(store.key, cst.SimpleString) or store.op is not None:
+                        return None
+                    out[str(store.key.evaluated_value)] = store.value
+        return out
 
     # ---- names
 
@@ -520,9 +621,36 @@ class ModuleModel:
             return None
         head, _, rest = name.partition(".")
         target = self.imports.get(head)
+        if target is None and self.star_imports:
+            target = self._through_star(head)
         if target is None:
             return None
         return canonical(f"{target}.{rest}" if rest else target)
+
+    def _through_star(self, head: str) -> Optional[str]:
+        """What a name not bound here means when star imports may have brought it: the import it
+        is in a project module imported with `*` (`from common import *` where common.py does
+        `import torch.distributed as dist`), else a name of the torch module imported with `*`."""
+        if head in self._assignments_by_target or any(f.name == head and f.parent is None for f in self.functions):
+            return None
+        if self._star_table is None:
+            self._star_table = {}
+            for module, level in self.star_imports:
+                path = self.project.resolve(Path(self.path), module, level) if self.project is not None else None
+                if path is not None:
+                    project = self.project
+                    assert project is not None
+                    try:
+                        table = project.memo(("import-table", path), lambda: _import_table(project.parse(path)))
+                    except (MemoCycle, RecursionError):
+                        table = {}
+                    self._star_table.update(table)
+                elif level == 0 and module is not None and (module == "torch" or module.startswith("torch.")):
+                    self._star_fallback = module
+        target = self._star_table.get(head)
+        if target is None and self._star_fallback is not None:
+            return f"{self._star_fallback}.{head}"
+        return target
 
     def uses_module(self, prefix: str) -> bool:
         return any(v == prefix or v.startswith(prefix + ".") for v in self.imports.values()) or any(
@@ -550,18 +678,24 @@ class ModuleModel:
         return [f for f in self.functions if f.name == name]
 
     def call_sites(self, function: Function) -> list[Call]:
-        """Calls in this module that invoke `function`: `f(...)`, `self.f(...)`, `cls.f(...)`, `Class.f(...)`."""
+        """Calls in this module that invoke `function`: `f(...)`, `self.f(...)`, `cls.f(...)`,
+        `Class.f(...)`, and `Class(...)` for `Class.__init__`."""
         if self._call_sites is None:
             self._call_sites = {}
             by_name: dict[str, list[Function]] = {}
+            constructors: dict[str, list[Function]] = {}
             for fn in self.functions:
                 by_name.setdefault(fn.name, []).append(fn)
+                if fn.name == "__init__" and fn.klass is not None:
+                    constructors.setdefault(fn.klass, []).append(fn)
             for call in self.calls:
                 func = call.node.func
                 if isinstance(func, cst.Name):
                     for fn in by_name.get(func.value, ()):
                         if fn.klass is None:
                             self._call_sites.setdefault(id(fn), []).append(call)
+                    for fn in constructors.get(func.value, ()):
+                        self._call_sites.setdefault(id(fn), []).append(call)
                 elif isinstance(func, cst.Attribute) and isinstance(func.value, cst.Name):
                     owner = func.value.value
                     for fn in by_name.get(func.attr.value, ()):
@@ -573,14 +707,10 @@ class ModuleModel:
 
     def callers(self, function: Function) -> list[Call]:
         """Every call in this module that may invoke `function`: `call_sites`, plus `trainer.fit()`
-        where `trainer = Trainer(...)` was built here (a method called through an instance), and
-        `Trainer(...)` itself for `__init__`."""
+        where `trainer = Trainer(...)` was built here (a method called through an instance)."""
         sites = list(self.call_sites(function))
         if function.klass is None:
             return sites
-        if function.name == "__init__":
-            # `Trainer(...)` runs `Trainer.__init__`.
-            sites.extend(call for call in self.calls if call.dotted == function.klass and call.name is None)
         for call in self.method_calls(function.name):
             receiver = call.receiver
             if receiver is None or dotted_name(receiver) in ("self", "cls", function.klass):
@@ -648,6 +778,32 @@ class ModuleModel:
             if assignment.kind == "param" and assignment.function is not None:
                 out.extend(self.argument_values(assignment.function, name))
         return out
+
+    def unpacked_from(self, expr: Expr, order: int, function: Optional[Function]) -> list[tuple[Call, int]]:
+        """`rank, world = setup()`: for `rank`, [(the setup() call, 0)] when every assignment that
+        reaches here unpacks a call; else []."""
+        name = dotted_name(expr)
+        if name is None:
+            return []
+        out: list[tuple[Call, int]] = []
+        for assignment in self.reaching_assignments(name, order, function):
+            if assignment.unpacked is None:
+                return []
+            source, index = assignment.unpacked
+            call = self.call_of(source)
+            if call is None:
+                return []
+            out.append((call, index))
+        return out
+
+    def returned_functions(self, call: Call) -> list[tuple["ModuleModel", Function]]:
+        """The functions whose `return`s a call's value comes from: this module's own, or another
+        project module's."""
+        local = [(self, fn) for fn in self.resolve_local_function(call)]
+        if local:
+            return local
+        linked = self.linked_function(call)
+        return [linked] if linked is not None else []
 
     def argument_values(self, function: Function, param: str) -> list[Expr]:
         """The expressions passed for `param` at this module's call sites of `function`."""
@@ -956,12 +1112,40 @@ class ModuleModel:
         return [expr]
 
     def loop_sources(self, loop: Loop) -> list[Call]:
-        """The calls that may have produced what a for-loop iterates (through `enumerate`/`tqdm`,
-        variables, `self.` attributes, helper returns and parameters): e.g. the `DataLoader(...)`
-        call behind `for i, (x, y) in enumerate(train_loader):`. Empty for while-loops."""
+        """The calls that may have produced what a loop draws from (see `loop_draws`)."""
+        return [source for source, _ in self.loop_draws(loop)]
+
+    def loop_draws(self, loop: Loop) -> list[tuple[Call, cst.CSTNode]]:
+        """The calls that may have produced what a loop draws its items from, each with the node
+        where the loop takes them: the for-loop's iterable, through `enumerate`/`tqdm`/`iter`,
+        variables, `self.` attributes, helper returns and parameters (the `DataLoader(...)` behind
+        `for i, (x, y) in enumerate(train_loader):`); `progress = tqdm(loader)` then
+        `for x in progress:` (at the tqdm call); and `batches = iter(loader)` then `next(batches)`
+        in the loop body (at the iter call)."""
+        out: list[tuple[Call, cst.CSTNode]] = []
+        if loop.iter is not None:
+            for iterated in self.iterated_exprs(loop.iter):
+                for origin in self.origin_calls(iterated, loop.order, loop.function):
+                    out.append((origin, loop.iter))
+                    out.extend((source, origin.node) for source in self._unwrapped(origin))
+        for call in self.calls:
+            if call.dotted == "next" and call.name is None and call.loops and call.loops[-1] is loop and call.args:
+                for origin in self.origin_calls(call.args[0].value, call.order, call.function):
+                    out.extend((source, origin.node) for source in self._unwrapped(origin))
+        return out
+
+    def _unwrapped(self, wrapper: Call, depth: int = 0) -> list[Call]:
+        """What `iter(x)` / `tqdm(x)` / `enumerate(x)` draws from: the calls behind `x`."""
+        name = wrapper.name or wrapper.dotted or ""
+        if name.rsplit(".", 1)[-1] not in ITERATION_WRAPPERS or depth > MAX_DEPTH:
+            return []
+        first = wrapper.arg(0)
+        if first is None:
+            return []
         out: list[Call] = []
-        for iterated in self.iterated_exprs(loop.iter):
-            out.extend(self.origin_calls(iterated, loop.order, loop.function))
+        for origin in self.origin_calls(first, wrapper.order, wrapper.function):
+            out.append(origin)
+            out.extend(self._unwrapped(origin, depth + 1))
         return out
 
     def enclosing_loops(self, loop: Loop) -> list[Loop]:
@@ -973,14 +1157,16 @@ class ModuleModel:
         ]
         return sorted(outer, key=lambda other: other.order, reverse=True)
 
-    def calls_within(self, loop: Loop, depth: int = 3) -> list[Call]:
-        """Every call that runs while `loop` runs: the calls in its body, plus, `depth` levels deep,
-        the calls in this module's functions called from there (`train_one_epoch(epoch)`)."""
+    def calls_within(self, loop: Union[Loop, Function], depth: int = 3) -> list[Call]:
+        """Every call that runs while `loop` runs (or, for a function, while it runs): the calls in
+        its body, plus, `depth` levels deep, the calls in this module's functions called from there
+        (`train_one_epoch(epoch)`)."""
         seen: set[int] = set()
         out: list[Call] = []
-        frontier = [
-            c for c in self.calls if c.function is loop.function and contains(loop, c.order)
-        ]
+        if isinstance(loop, Function):
+            frontier = list(loop.calls)
+        else:
+            frontier = [c for c in self.calls if c.function is loop.function and contains(loop, c.order)]
         for _ in range(depth + 1):
             next_frontier: list[Call] = []
             for call in frontier:
@@ -992,6 +1178,96 @@ class ModuleModel:
                     next_frontier.extend(helper.calls)
             frontier = next_frontier
         return out
+
+    def iteration(self, call: Call, depth: int = 3) -> Optional[Union[Loop, Function]]:
+        """The body that one iteration of a loop runs `call` in: its innermost loop, or, when it is
+        in no loop, its function if that is called from inside a loop (`self.train_step(batch)` in
+        `for batch in loader:`): one call of the function is one iteration."""
+        if call.loops:
+            return call.loops[-1]
+        function = call.function
+        if function is not None and self._called_in_loop(function, depth):
+            return function
+        return None
+
+    def _called_in_loop(self, function: Function, depth: int) -> bool:
+        for site in self.callers(function):
+            if site.function is function:
+                continue
+            if site.loops:
+                return True
+            if depth > 0 and site.function is not None and self._called_in_loop(site.function, depth - 1):
+                return True
+        return False
+
+    # ---- the project's other modules
+
+    def linked_function(self, call: Call) -> Optional[tuple["ModuleModel", Function]]:
+        """The function of another project module that `call` invokes, with that module's model:
+        `save_checkpoint(...)` after `from utils.checkpoint import save_checkpoint` (or a relative
+        import, or a `src/` layout), `data.start_epoch(...)` after `import data`. None without a
+        project, for anything that is not a project module's top-level function, and for a module
+        that cannot be read or parsed."""
+        if self.project is None:
+            return None
+        key = ("linked", id(call))
+        found = self.memoized(key, lambda: self._linked_function(call), None)
+        return found
+
+    def _linked_function(self, call: Call) -> Optional[tuple["ModuleModel", Function]]:
+        written = dotted_name(call.node.func)
+        if written is None or self.project is None:
+            return None
+        head, _, rest = written.partition(".")
+        candidates: list[tuple[Optional[str], int, str]] = []  # (module, level, function name)
+        relative = self.relative_imports.get(head)
+        if relative is not None:
+            module, level, name = relative
+            if not rest:
+                candidates.append((module, level, name))
+            elif "." not in rest:  # `from . import data` then `data.start_epoch()`
+                candidates.append((f"{module}.{name}" if module else name, level, rest))
+        else:
+            qualified = self.imports.get(head)
+            if qualified is not None and not qualified.startswith("torch"):
+                full = f"{qualified}.{rest}" if rest else qualified
+                module, _, name = full.rpartition(".")
+                if module:
+                    candidates.append((module, 0, name))
+        for module, level, name in candidates:
+            path = self.project.resolve(Path(self.path), module, level)
+            if path is None:
+                continue
+            other = self.project_model(path)
+            if other is None:
+                continue
+            for function in other.functions:
+                if function.name == name and function.parent is None and function.klass is None:
+                    return other, function
+        return None
+
+    def project_model(self, path: Path) -> Optional["ModuleModel"]:
+        """The model of another project module, built once per run."""
+        project = self.project
+        if project is None:
+            return None
+
+        def build() -> Optional["ModuleModel"]:
+            tree = project.parse(path)
+            return None if tree is None else ModuleModel.build(tree, str(path), self.world_size, project)
+
+        try:
+            return project.memo(("model", path), build)
+        except (MemoCycle, RecursionError):
+            return None
+
+    @property
+    def shown_path(self) -> str:
+        """The module's path as a message names it: relative to the working directory."""
+        try:
+            return os.path.relpath(self.path)
+        except ValueError:  # another drive
+            return self.path
 
     # ---- positions (lazy)
 
@@ -1006,6 +1282,42 @@ class ModuleModel:
 
     def code_of(self, node: cst.CSTNode) -> str:
         return self.module.code_for_node(node)
+
+
+def _import_table(tree: Optional[cst.Module]) -> dict[str, str]:
+    """The top-level imports of a module (local name -> qualified name): what `from it import *`
+    hands on of them."""
+    if tree is None:
+        return {}
+    model = ModuleModel(tree)
+    builder = _Builder(model)
+    for statement in tree.body:
+        if isinstance(statement, cst.SimpleStatementLine):
+            for small in statement.body:
+                if isinstance(small, cst.Import):
+                    builder.small(small, statement)
+                elif isinstance(small, cst.ImportFrom) and not isinstance(small.names, cst.ImportStar):
+                    builder.small(small, statement)
+    return {name: target for name, target in model.imports.items() if not name.startswith("_")}
+
+
+def _literal_keywords(value: Optional[Expr]) -> Optional[dict[str, Expr]]:
+    """`{"k": v}` or `dict(k=v)` -> {"k": v}; None for anything else."""
+    if isinstance(value, cst.Dict):
+        out: dict[str, Expr] = {}
+        for element in value.elements:
+            if not isinstance(element, cst.DictElement) or not isinstance(element.key, cst.SimpleString):
+                return None
+            out[str(element.key.evaluated_value)] = element.value
+        return out
+    if isinstance(value, cst.Call) and dotted_name(value.func) == "dict":
+        out = {}
+        for arg in value.args:
+            if arg.keyword is None or arg.star:
+                return None
+            out[arg.keyword.value] = arg.value
+        return out
+    return None
 
 
 def _last_reaching(before: list[Assignment]) -> list[Assignment]:

@@ -149,7 +149,34 @@ def _rank(
         return None
     kinds: set[Optional[str]] = set()
     for value, v_order, v_function in model.leaf_values(expr, order, function):
-        kinds.add(None if value is expr else recurse(model, value, v_order, v_function, depth + 1))
+        if value is expr:
+            kinds.add(_unpacked_rank(model, expr, v_order, v_function, depth, recurse))
+        else:
+            kinds.add(recurse(model, value, v_order, v_function, depth + 1))
+    return kinds.pop() if len(kinds) == 1 else None
+
+
+def _unpacked_rank(
+    model: ModuleModel,
+    expr: cst.BaseExpression,
+    order: int,
+    function: Optional[Function],
+    depth: int,
+    recurse: "Callable[..., Optional[str]]",
+) -> Optional[str]:
+    """`rank, world_size = setup()`: the kind of what `setup` returns in that position, through
+    this module's functions or another project module's (`return int(os.environ["RANK"]), ...`)."""
+    kinds: set[Optional[str]] = set()
+    for call, index in model.unpacked_from(expr, order, function):
+        found = model.returned_functions(call)
+        if not found:
+            return None
+        for owner, helper in found:
+            for returned in helper.returns:
+                if not isinstance(returned, cst.Tuple) or len(returned.elements) <= index:
+                    return None
+                element = returned.elements[index].value
+                kinds.add(recurse(owner, element, helper.end_order, helper, depth + 1))
     return kinds.pop() if len(kinds) == 1 else None
 
 
@@ -237,6 +264,14 @@ def is_single_process_test(model: ModuleModel, test: cst.BaseExpression, negated
             return any(is_single_process_test(model, side, False) for side in (test.left, test.right))
         if isinstance(test.operator, cst.Or) and negated:
             return any(is_single_process_test(model, side, True) for side in (test.left, test.right))
+        if isinstance(test.operator, cst.Or) and not negated:
+            # The Hugging Face idiom `if args.local_rank == -1 or args.no_cuda:`: one process, or a
+            # run without GPUs, where the distributed choices rules look at (devices, saving from
+            # one process of a node) do not arise. Every operand must be one of the two.
+            operands = flatten_boolean(test)
+            return any(is_single_process_test(model, op) for op in operands) and all(
+                is_single_process_test(model, op) or _is_no_gpu_test(model, op) for op in operands
+            )
         return False
     if isinstance(test, cst.Call):
         callee = model.qualify(test.func) or dotted_name(test.func) or ""
@@ -269,6 +304,18 @@ def is_single_process_test(model: ModuleModel, test: cst.BaseExpression, negated
             isinstance(operator, cst.LessThan) and value == 2
         )
     return False
+
+
+_NO_GPU_FLAGS = frozenset({"no_cuda", "cpu", "use_cpu", "cpu_only", "force_cpu"})
+
+
+def _is_no_gpu_test(model: ModuleModel, test: cst.BaseExpression) -> bool:
+    """`args.no_cuda`, `args.cpu`, `not torch.cuda.is_available()`: the run has no GPU."""
+    if isinstance(test, cst.UnaryOperation) and isinstance(test.operator, cst.Not):
+        inner = test.expression
+        return isinstance(inner, cst.Call) and model.qualify(inner.func) == "torch.cuda.is_available"
+    name = dotted_name(test)
+    return name is not None and last_segment(name).lower() in _NO_GPU_FLAGS
 
 
 def classify_rank_test(
@@ -450,7 +497,7 @@ def _memo_who_runs(model: ModuleModel, item: _Located) -> Optional[WhoRuns]:
 
 
 def _who_runs(model: ModuleModel, item: _Located) -> WhoRuns:
-    decided = _decided_by_guards(model, item.ctx.guards)
+    decided = decided_by_guards(model, item.ctx.guards)
     if decided is not None:
         return decided
     function = item.function
@@ -479,7 +526,7 @@ def _who_runs(model: ModuleModel, item: _Located) -> WhoRuns:
     return WhoRuns(runs, answer.guard, site)
 
 
-def _decided_by_guards(model: ModuleModel, guards: Sequence[Guard]) -> Optional[WhoRuns]:
+def decided_by_guards(model: ModuleModel, guards: Sequence[Guard]) -> Optional[WhoRuns]:
     """A single-process condition anywhere around wins (that code never runs in the distributed
     job); otherwise the innermost rank condition."""
     for guard in guards:

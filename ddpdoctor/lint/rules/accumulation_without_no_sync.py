@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Optional, Union
 
 import libcst as cst
 
-from ddpdoctor.lint.analysis import Call, Guard, Loop, dotted_name, names_in
+from ddpdoctor.lint.analysis import Call, Function, Guard, Loop, contains, dotted_name, names_in, summaries
 from ddpdoctor.lint.rules.base import Rule
 
 DDP = "torch.nn.parallel.DistributedDataParallel"
@@ -46,10 +46,13 @@ class AccumulationWithoutNoSync(Rule):
             return
         if any(a.target.endswith("require_backward_grad_sync") for a in self.model.assignments):
             return
+        self.check_project_helpers()
         for backward in self.model.method_calls("backward"):
-            if not backward.loops:
+            loop = self.model.iteration(backward)
+            if loop is None:
                 continue
-            loop = backward.loops[-1]
+            if any(self._without_accumulation(guard) for guard in backward.ctx.guards):
+                continue  # the `else:` of `if accumulation_steps > 1:`: one backward per step
             step, guard = self._conditional_step(backward, loop)
             if step is None or guard is None:
                 continue
@@ -65,11 +68,11 @@ class AccumulationWithoutNoSync(Rule):
                 f"micro-batches that do not step under `with {forward.dotted}.no_sync():`.",
             )
 
-    def _conditional_step(self, backward: Call, loop: Loop) -> tuple[Optional[Call], Optional[Guard]]:
+    def _conditional_step(self, backward: Call, loop: Union[Loop, Function]) -> tuple[Optional[Call], Optional[Guard]]:
         """An `optimizer.step()` / `scaler.step(optimizer)` in the same loop iteration that runs only under
         an accumulation condition (`(i + 1) % accum_steps == 0`) which does not also guard the backward."""
         for call in self.model.method_calls("step"):
-            if call.function is not backward.function or not (loop.order < call.order < loop.end_order):
+            if call.function is not backward.function or not contains(loop, call.order):
                 continue
             if not self._is_optimizer_step(call):
                 continue
@@ -79,6 +82,73 @@ class AccumulationWithoutNoSync(Rule):
                 if self._is_accumulation_test(guard, call):
                     return call, guard
         return None, None
+
+    def check_project_helpers(self) -> None:
+        """A DDP model handed to another project module's function whose loop accumulates
+        (`train_one_epoch(model, loader, optimizer, accum_steps=8)`): reported at the call, where
+        both halves are known."""
+        for call in self.model.calls:
+            linked = self.model.linked_function(call)
+            if linked is None:
+                continue
+            other, function = linked
+            judge = type(self)(other)
+            found = judge.accumulating_param(function)
+            if found is None:
+                continue
+            param, guard = found
+            argument = summaries.argument_for(call, function, param)
+            if argument is None:
+                continue
+            wraps = [o for o in self.model.origin_calls(argument, call.order, call.function) if o.name == DDP]
+            if not wraps:
+                continue
+            self.report(
+                call.node,
+                f"{call.dotted}() accumulates gradients over micro-batches (optimizer step only under the "
+                f"condition at {other.shown_path} line {other.line_of(guard.test)}), but the model passed as "
+                f"`{param}` is wrapped in DDP (line {self.line(wraps[0].node)}) and all-reduces the gradients on "
+                f"every micro-batch. Run the backward of the micro-batches that do not step under "
+                f"`with model.no_sync():`.",
+            )
+
+    def accumulating_param(self, function: Function) -> Optional[tuple[str, Guard]]:
+        """The parameter of `function` whose model a loop of it runs forward and backward on, with
+        the optimizer stepping only under an accumulation condition; and that condition."""
+        if self.model.method_calls("no_sync"):
+            return None
+        for backward in self.model.method_calls("backward"):
+            if backward.function is not function or not backward.loops:
+                continue
+            loop = backward.loops[-1]
+            if any(self._without_accumulation(guard) for guard in backward.ctx.guards):
+                continue
+            step, guard = self._conditional_step(backward, loop)
+            if step is None or guard is None:
+                continue
+            for call in self.model.calls_within(loop, depth=0):
+                param = summaries.param_name(self.model, function, call.node.func)
+                if param is not None:
+                    return param, guard
+        return None
+
+    @staticmethod
+    def _without_accumulation(guard: Guard) -> bool:
+        """A branch that runs only when the accumulation count is 1: `if accum_steps == 1:`,
+        `if grad_accum <= 1:`, or the `else:` of `if accumulation_steps > 1:`."""
+        test = guard.test
+        if not isinstance(test, cst.Comparison) or len(test.comparisons) != 1:
+            return False
+        name = dotted_name(test.left) or ""
+        if "accum" not in name.rsplit(".", 1)[-1].lower():
+            return False
+        target = test.comparisons[0]
+        if not (isinstance(target.comparator, cst.Integer) and target.comparator.evaluated_value == 1):
+            return False
+        operator = type(target.operator)
+        if guard.negated:
+            return operator in (cst.GreaterThan, cst.NotEqual)
+        return operator in (cst.Equal, cst.LessThanEqual)
 
     @staticmethod
     def _is_optimizer_step(call: Call) -> bool:
@@ -108,7 +178,7 @@ class AccumulationWithoutNoSync(Rule):
                 stack.append(child)
         return any("accum" in name.lower() for name in names_in(guard.test))
 
-    def _ddp_forward(self, loop: Loop) -> Optional[tuple[Call, Call]]:
+    def _ddp_forward(self, loop: Union[Loop, Function]) -> Optional[tuple[Call, Call]]:
         """A model called in the loop body (`model(x)`, `self.model(x)`, also in a helper called from
         the loop) and the DDP wrap it comes from."""
         for call in self.model.calls_within(loop, depth=1):

@@ -17,6 +17,9 @@ class DataParallelInsteadOfDDP(Rule):
     """
 
     code = "DP002"
+    # A unit test builds DataParallel to test what users save from it (`module.` prefixes in
+    # checkpoints), not to train with it.
+    checks_test_suites = False
     trigger_words = ("DataParallel",)
 
     def check(self) -> None:

@@ -7,10 +7,6 @@ import libcst as cst
 from ddpdoctor.lint.analysis import devices, ranks
 from ddpdoctor.lint.rules.base import Rule
 
-# Device arguments that move data rather than choose the process's device.
-MOVES = frozenset({".to()", ".cuda()", "device=", "map_location="})
-
-
 class GlobalRankAsDevice(Rule):
     """
     Valid:
@@ -26,7 +22,8 @@ class GlobalRankAsDevice(Rule):
     code = "DDP004"
     checks_test_suites = False
     # Every global-rank source the vocabulary knows spells one of these.
-    trigger_words = ("get_rank", "RANK", "rank()", "SLURM_PROCID", "process_index", "global_rank", "world_rank")
+    # "rank": a project helper may hand the rank over (`rank, world_size = setup()`).
+    trigger_words = ("rank", "RANK", "SLURM_PROCID", "process_index")
 
     def check(self) -> None:
         model = self.model
@@ -37,11 +34,12 @@ class GlobalRankAsDevice(Rule):
             computed = [i for i in indices if i.kind == "expr"]
             if not computed:
                 continue
-            # Each call that selects a device from the rank itself is reported (`set_device(rank)`,
-            # `device_ids=[rank]`); a later use of a device object already reported (`.to(device)`,
-            # `set_device(self.device)`) is the same mistake and is not reported again.
+            # Every use of the rank itself as a device is reported (`set_device(rank)`,
+            # `device_ids=[rank]`, each `.to(rank)`): each must change. A later use of a device
+            # object built from it and already reported (`.to(device)`, `set_device(self.device)`)
+            # is fixed where the object is built, and is not reported again.
             leaves = {id(value) for value, _, _ in model.leaf_values(argument.expr, call.order, call.function)}
-            direct = argument.where not in MOVES and any(id(i.node) in leaves for i in computed)
+            direct = any(id(i.node) in leaves for i in computed)
             if not direct and any(id(i.node) in reported for i in computed):
                 continue
             # Every computed value must trace to the global rank: a value that may also be the

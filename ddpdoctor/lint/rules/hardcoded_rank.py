@@ -6,7 +6,7 @@ from typing import Optional
 
 import libcst as cst
 
-from ddpdoctor.lint.analysis import devices, launch, ranks
+from ddpdoctor.lint.analysis import devices, launch
 from ddpdoctor.lint.analysis import Call, ModuleModel, Runs, route_runs, who_runs
 from ddpdoctor.lint.rules.base import Rule
 
@@ -35,7 +35,7 @@ class HardcodedRank(Rule):
 
     code = "DDP003"
     checks_test_suites = False
-    trigger_words = ("init_process_group", "DistributedDataParallel", "horovod", "spawn", "start_processes")
+    trigger_words = launch.LAUNCH_WORDS
 
     def check(self) -> None:
         evidence = launch.multiprocess_evidence(self.model)
@@ -52,23 +52,28 @@ class HardcodedRank(Rule):
     def check_init_ranks(self) -> None:
         model = self.model
         for call in model.calls_named(launch.INIT_PROCESS_GROUP):
+            if launch.is_fake_backend(model, call):
+                continue  # torch's FakeProcessGroup: one process simulates the whole world by design
             rank_expr = call.arg(4, "rank")
             if rank_expr is None or who_runs(model, call).runs in (Runs.RANK0, Runs.SINGLE):
                 continue  # `if is_master: init_process_group(..., rank=0)` is right
-            ranks: set[int] = set()
-            for value, _, _ in model.leaf_values(rank_expr, call.order, call.function):
-                if not isinstance(value, cst.Integer):
+            literals: set[int] = set()
+            for route in model.routes(rank_expr, call.order, call.function):
+                if route_runs(model, route, call) in (Runs.RANK0, Runs.SINGLE):
+                    continue  # `rank=0` passed only on the single-process path
+                if not isinstance(route.value, cst.Integer):
                     break
-                ranks.add(int(value.evaluated_value))
+                literals.add(int(route.value.evaluated_value))
             else:
-                if len(ranks) != 1:
+                if len(literals) != 1:
                     continue
-                rank = ranks.pop()
+                rank = literals.pop()
                 world = self.world_size_description(call)
                 if world is None:
                     continue
+                written = call.written_arg(4, "rank") is not None
                 self.report(
-                    rank_expr,
+                    rank_expr if written else call.node,
                     f"init_process_group is given the literal rank={rank} while the world size {world}: "
                     f"every process claims rank {rank}, so the rendezvous hangs or fails. Pass each "
                     f"process's own rank (int(os.environ[\"RANK\"]) under torchrun, or the mp.spawn index).",
@@ -101,6 +106,10 @@ class HardcodedRank(Rule):
 
     def check_devices(self, evidence: Call) -> None:
         model = self.model
+        # One report per hard-coded literal: `device = "cuda:0"` used by five `.to(device)` calls is
+        # one fix, at the literal (the message names its line). Literals written at each use are
+        # each their own fix, and each is reported.
+        reported: set[int] = set()
         for argument in devices.device_arguments(model):
             call = argument.call
             indices = devices.device_indices(model, argument.expr, call.order, call.function, argument.ints)
@@ -108,10 +117,11 @@ class HardcodedRank(Rule):
             # in the single-process `else:` (or a call site under rank 0) is not a multi-process bug.
             live = [i for i in indices if route_runs(model, i.via, call) not in (Runs.RANK0, Runs.SINGLE)]
             literals = [i for i in live if i.kind == "literal"]
-            if not literals:
+            if not literals or any(id(i.node) in reported for i in literals):
                 continue
             if any(i.kind != "literal" and not _names_no_gpu(i.node) for i in live):
                 continue  # some value is computed (or unknown): the literal may be the single-GPU case
+            reported.update(id(i.node) for i in literals)
             literal = literals[0]
             shown = model.code_of(literal.node)
             origin = ""
@@ -120,7 +130,7 @@ class HardcodedRank(Rule):
             self.report(
                 argument.expr,
                 f"{argument.where} is given the hard-coded device {shown}{origin} in a multi-process script "
-                f"({_describe(evidence)} at line {self.line(evidence.node)}): every process uses GPU "
+                f"({launch.describe(evidence)} at line {self.line(evidence.node)}): every process uses GPU "
                 f"{literal.index} instead of its own. Derive the device from the local rank "
                 f"(int(os.environ[\"LOCAL_RANK\"]), hvd.local_rank() or the mp.spawn index).",
             )
@@ -134,14 +144,3 @@ def _contains(model: ModuleModel, outer: cst.CSTNode, inner: cst.CSTNode) -> boo
     a, b = model.position(outer), model.position(inner)
     return (a.start.line, a.start.column) <= (b.start.line, b.start.column) and (
         b.end.line, b.end.column) <= (a.end.line, a.end.column)
-
-
-def _describe(call: Call) -> str:
-    name = call.name or ""
-    if name == launch.INIT_PROCESS_GROUP:
-        return "init_process_group"
-    if name == launch.DDP_CLASS:
-        return "DistributedDataParallel"
-    if name in launch.HOROVOD_INIT_CALLS:
-        return "hvd.init()"
-    return "mp.spawn"

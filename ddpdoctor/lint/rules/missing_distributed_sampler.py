@@ -6,16 +6,10 @@ from typing import Optional
 
 import libcst as cst
 
-from ddpdoctor.lint.analysis import Call, Runs, dotted_name, names_in, who_runs
+from ddpdoctor.lint.analysis import Call, Runs, dotted_name, launch, names_in, who_runs
 from ddpdoctor.lint.rules.base import Rule
 
 DATA_LOADER = "torch.utils.data.DataLoader"
-# What makes a script distributed: one process per GPU, each running this DataLoader.
-DISTRIBUTED_STARTS = (
-    "torch.distributed.init_process_group",
-    "torch.nn.parallel.DistributedDataParallel",
-    "horovod.torch.init",
-)
 # Loaders for evaluation: iterating the whole set on each rank wastes time but trains nothing wrong.
 EVAL_WORDS = ("val", "test", "eval", "dev")
 # Words in a dataset's construction that mean it is already split per rank (`shard(rank)`,
@@ -36,13 +30,12 @@ class MissingDistributedSampler(Rule):
 
     code = "DDP006"
     trigger_words = ("DataLoader",)
-    context_words = ("init_process_group", "DistributedDataParallel", "horovod")
+    context_words = launch.LAUNCH_WORDS
 
     def check(self) -> None:
-        starts = self.model.calls_named(*DISTRIBUTED_STARTS)
-        if not starts:
+        start = launch.multiprocess_evidence(self.model)
+        if start is None:
             return
-        start = min(starts, key=lambda c: c.order)
         for loader in self.model.calls_named(DATA_LOADER):
             if not self._shuffles_without_sampler(loader):
                 continue
@@ -50,9 +43,7 @@ class MissingDistributedSampler(Rule):
                 continue
             if self._is_eval_loader(loader) or self._already_sharded(loader):
                 continue
-            what = "init_process_group" if start.name == DISTRIBUTED_STARTS[0] else (
-                "DistributedDataParallel" if start.name == DISTRIBUTED_STARTS[1] else "hvd.init"
-            )
+            what = launch.describe(start)
             self.report(
                 loader.node,
                 f"This DataLoader shuffles the whole dataset on every rank (shuffle=True, no sampler) in a "

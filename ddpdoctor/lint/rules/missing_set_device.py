@@ -25,7 +25,8 @@ class MissingSetDevice(Rule):
 
     code = "DDP011"
     checks_test_suites = False
-    trigger_words = ("nccl", "NCCL")
+    # "distributed": the NCCL group may be created by a project helper (`init_distributed()`).
+    trigger_words = ("nccl", "NCCL", "distributed")
 
     def check(self) -> None:
         model = self.model
@@ -35,10 +36,19 @@ class MissingSetDevice(Rule):
             call for call in model.calls_named(launch.INIT_PROCESS_GROUP)
             if self.is_nccl(call) and launch.runs_in_module(model, call.function) and not harness.in_test_case(call)
         ]
-        if not inits:
+        helpers, pinned_by_helper = self.project_helpers()
+        if not inits and not helpers:
             return
-        if devices.device_pin_calls(model) or devices.visible_devices_writes(model):
+        if devices.device_pin_calls(model) or devices.visible_devices_writes(model) or pinned_by_helper:
             return
+        for call, where in helpers:
+            self.report(
+                call.node,
+                f"{call.dotted}() initialises an NCCL process group ({where}) but neither it nor this script "
+                "pins the GPU (no torch.cuda.set_device, torch.cuda.device or device_id=): whatever does not "
+                "name a device (bare .cuda(), object collectives) lands on GPU 0 in every rank, and barrier() "
+                "has to guess the GPU, which can hang. Call torch.cuda.set_device(local_rank) before it.",
+            )
         for call in inits:
             self.report(
                 call.node,
@@ -48,6 +58,27 @@ class MissingSetDevice(Rule):
                 "guess the GPU, which can hang. Call torch.cuda.set_device(local_rank) before "
                 "init_process_group, or pass device_id=torch.device(\"cuda\", local_rank).",
             )
+
+    def project_helpers(self) -> tuple[list[tuple[Call, str]], bool]:
+        """Calls here of another project module's functions that create an NCCL group without
+        pinning the GPU (each with where the group is created), and whether some called project
+        function pins it."""
+        helpers: list[tuple[Call, str]] = []
+        pinned = False
+        for call in self.model.calls:
+            linked = self.model.linked_function(call)
+            if linked is None or not launch.runs_in_module(self.model, call.function):
+                continue
+            other, function = linked
+            if devices.device_pin_calls(other, function):
+                pinned = True
+                continue
+            judge = type(self)(other)
+            for init in function.calls:
+                if init.name == launch.INIT_PROCESS_GROUP and judge.is_nccl(init):
+                    helpers.append((call, f"{other.shown_path} line {other.line_of(init.node)}"))
+                    break
+        return helpers, pinned
 
     def is_nccl(self, call: Call) -> bool:
         """The backend is NCCL as far as the module can tell; unknown backends are not."""
@@ -61,7 +92,8 @@ class MissingSetDevice(Rule):
             if value is UNKNOWN:
                 value = self.option_default(backend)
             return isinstance(value, str) and "nccl" in value.lower()
-        return bool(values) and all("nccl" in value.lower() for value in values if value is not None)
+        # `"gloo" if args.cpu else "nccl"`: the run that takes the NCCL arm needs its device pinned.
+        return any("nccl" in value.lower() for value in values if value is not None)
 
     def option_default(self, expr: cst.BaseExpression) -> object:
         """The argparse default of `self.args.dist_backend` / `cfg.args.backend`: the namespace

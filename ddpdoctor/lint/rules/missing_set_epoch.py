@@ -7,7 +7,7 @@ from typing import Optional
 import libcst as cst
 
 from ddpdoctor.findings import Edit, Fix
-from ddpdoctor.lint.analysis import Call, Function, Loop, dotted_name, names_in
+from ddpdoctor.lint.analysis import Call, Function, Loop, dotted_name, names_in, summaries
 from ddpdoctor.lint.rules.base import Rule
 
 SAMPLER = "torch.utils.data.DistributedSampler"
@@ -49,11 +49,8 @@ class MissingSetEpoch(Rule):
             fed = [loader for loader in loaders if self._fed_by(loader, sampler)]
             if not fed:
                 continue
-            for inner in self.model.loops:
-                sources = [c for c in self.model.loop_sources(inner) if c.name == DATA_LOADER and c in fed]
-                if not sources or not self._trains(inner):
-                    continue
-                for epoch_loop in self._epoch_loops(inner):
+            for draw, epoch_loops in self._draws(fed):
+                for epoch_loop in epoch_loops:
                     key = (id(sampler), id(epoch_loop))
                     if key in reported or self._reseeded_each_epoch(sampler, epoch_loop):
                         continue
@@ -69,10 +66,12 @@ class MissingSetEpoch(Rule):
                         continue
                     if any(self._unresolved(c) for c in set_epochs if c in within):
                         continue
+                    if any(self._helper_sets_epoch(c, sampler, fed) for c in within):
+                        continue
                     reported.add(key)
                     name = self._name_of(sampler)
                     self.report(
-                        inner.iter if inner.iter is not None else inner.node,
+                        draw,
                         f"This training loader draws from the shuffling DistributedSampler `{name}` (line "
                         f"{self.line(sampler.node)}), but set_epoch is never called in the epoch loop (line "
                         f"{self.line(epoch_loop.node)}), so every epoch repeats the same order on every rank. "
@@ -155,6 +154,48 @@ class MissingSetEpoch(Rule):
             return epoch_loop.order <= order <= epoch_loop.end_order
         return id(function) in running
 
+    def _draws(self, fed: list[Call]) -> list[tuple[cst.CSTNode, list[Loop]]]:
+        """Where a training loop draws from one of the `fed` loaders, with the epoch loops that run
+        it again and again: loops of this module, and calls of another project module's function
+        whose training loop draws from the loader passed to it (`run_epoch(model, loader)` inside
+        `for epoch in ...:`), reported at the call."""
+        out: list[tuple[cst.CSTNode, list[Loop]]] = []
+        for inner in self.model.loops:
+            draws = [node for c, node in self.model.loop_draws(inner) if c.name == DATA_LOADER and c in fed]
+            if draws and self._trains(inner):
+                out.append((draws[0], self._epoch_loops(inner)))
+        for call in self.model.calls:
+            if not call.loops:
+                continue
+            linked = self.model.linked_function(call)
+            if linked is None:
+                continue
+            other, function = linked
+            for param in summaries.drawn_params(other, function):
+                argument = summaries.argument_for(call, function, param)
+                if argument is not None and any(
+                    origin in fed for origin in self.model.origin_calls(argument, call.order, call.function)
+                ):
+                    out.append((call.node, [call.loops[0]]))
+                    break
+        return out
+
+    def _helper_sets_epoch(self, call: Call, sampler: Call, fed: list[Call]) -> bool:
+        """A call of another project module's function that calls set_epoch on the loader or the
+        sampler passed to it (`data.start_epoch(loader, epoch)`)."""
+        linked = self.model.linked_function(call)
+        if linked is None:
+            return False
+        other, function = linked
+        for param in summaries.epoch_set_params(other, function):
+            argument = summaries.argument_for(call, function, param)
+            if argument is None:
+                continue
+            origins = self.model.origin_calls(argument, call.order, call.function)
+            if sampler in origins or any(origin in fed for origin in origins):
+                return True
+        return False
+
     def _fix(self, sampler: Call, epoch_loop: Loop) -> Optional[Fix]:
         """Insert `<sampler>.set_epoch(<epoch>)` as the epoch loop's first statement.
 
@@ -199,7 +240,17 @@ class MissingSetEpoch(Rule):
     def _trains(self, inner: Loop) -> bool:
         """The loop over the loader trains: a `.backward()` runs in it, directly or in a helper. An
         evaluation loop's order does not matter, so its sampler needs no set_epoch."""
-        return any(c.attr == "backward" for c in self.model.calls_within(inner, depth=MAX_CALLERS))
+        if any(c.attr == "backward" for c in self.model.calls_within(inner, depth=MAX_CALLERS)):
+            return True
+        function = inner.function
+        if function is None or not function.generator:
+            return False
+        # A generator (`def cycle(loader): while True: yield from ...`) trains where it is drawn from.
+        return any(
+            site.function is not None
+            and any(c.attr == "backward" for c in self.model.calls_within(site.function, depth=MAX_CALLERS))
+            for site in self.model.callers(function)
+        )
 
     def _name_of(self, sampler: Call) -> str:
         for assignment in self.model.assignments:

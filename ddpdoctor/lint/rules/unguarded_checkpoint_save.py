@@ -2,65 +2,23 @@
 
 from __future__ import annotations
 
-from typing import Optional
-
 import libcst as cst
 
 from ddpdoctor.lint.analysis import (
-    MAX_DEPTH,
     Call,
-    Function,
     ModuleModel,
     Runs,
     WhoRuns,
-    dotted_name,
     launch,
     ranks,
+    summaries,
     walk,
     who_runs,
 )
 from ddpdoctor.lint.rules.base import Rule
 
 SAVE = "torch.save"
-INIT = ("torch.distributed.init_process_group",)
-DDP = "torch.nn.parallel.DistributedDataParallel"
 IN_MEMORY = frozenset({"io.BytesIO", "io.StringIO"})
-
-
-def distributed_setup(model: ModuleModel) -> Optional[tuple[str, Optional[Call]]]:
-    """What makes this a multi-process script: (description, the call) or None."""
-    for call in model.calls_named(*INIT):
-        return "init_process_group", call
-    for call in model.calls_named(DDP):
-        return "DistributedDataParallel", call
-    for call in model.calls:
-        if call.name is not None and call.name.startswith("horovod."):
-            return "Horovod", call
-    return None
-
-
-def mentions_rank(
-    model: ModuleModel, expr: Optional[cst.CSTNode], order: int, function: Optional[Function], depth: int = 0
-) -> bool:
-    """True when an expression (a path) is built from a rank, following variables: per-rank files."""
-    if expr is None or depth > MAX_DEPTH:
-        return False
-    stack: list[cst.CSTNode] = [expr]
-    while stack:
-        node = stack.pop()
-        if isinstance(node, (cst.Name, cst.Attribute, cst.Call)) and (
-            isinstance(node, cst.Call) or dotted_name(node) is not None
-        ):
-            if ranks.rank_kind(model, node, order, function) is not None:  # type: ignore[arg-type]
-                return True
-            if not isinstance(node, cst.Call):
-                # The path through variables and helper parameters, each value in its own scope.
-                for value, v_order, v_function in model.leaf_values(node, order, function):  # type: ignore[arg-type]
-                    if value is not node and mentions_rank(model, value, v_order, v_function, depth + 1):
-                        return True
-                continue
-        stack.extend(child for child in node.children if not isinstance(child, cst.BaseParenthesizableWhitespace))
-    return False
 
 
 class UnguardedCheckpointSave(Rule):
@@ -77,20 +35,23 @@ class UnguardedCheckpointSave(Rule):
     """
 
     code = "DDP008"
-    trigger_words = (".save(", "import save")
-    context_words = ("init_process_group", "DistributedDataParallel", "horovod")
+    trigger_words = ("save",)
+    context_words = launch.LAUNCH_WORDS
 
     def check(self) -> None:
+        setup_call = launch.multiprocess_evidence(self.model)
+        if setup_call is None:
+            return
+        what = launch.describe(setup_call)
+        check = "`if hvd.rank() == 0:`" if what == "hvd.init()" else "`if dist.get_rank() == 0:` or a save_on_master helper"
+        self.check_saves(setup_call, what, check)
+        self.check_project_helpers(setup_call, what, check)
+
+    def check_saves(self, setup_call: Call, what: str, check: str) -> None:
         saves = self.model.calls_named(SAVE)
-        if not saves:
-            return
-        setup = distributed_setup(self.model)
-        if setup is None:
-            return
-        what, setup_call = setup
         for save in saves:
             path = save.arg(1, "f")
-            if path is None or mentions_rank(self.model, path, save.order, save.function):
+            if path is None or summaries.mentions_rank(self.model, path, save.order, save.function):
                 continue  # a per-rank file (`ckpt_rank{rank}.pt`) is a deliberate sharded save
             if self.model.origin_names(path, save.order, save.function) & IN_MEMORY:
                 continue  # serialising into a buffer writes no file
@@ -98,14 +59,13 @@ class UnguardedCheckpointSave(Rule):
             if who.runs is not Runs.ALL:
                 self._check_once_per_node(save, path, who)
                 continue
-            where = f" ({what} at line {self.line(setup_call.node)})" if setup_call is not None else ""
+            where = f" ({what} at line {self.line(setup_call.node)})"
             function = save.function
             if function is not None:
                 for site in self.model.callers(function):
                     if site.function is not function and who_runs(self.model, site).runs is Runs.ALL:
                         where += f", reached through the call to {function.name}() at line {self.line(site.node)}"
                         break
-            check = "`if hvd.rank() == 0:`" if what == "Horovod" else "`if dist.get_rank() == 0:` or a save_on_master helper"
             self.report(
                 save.node,
                 f"torch.save runs on every rank of this distributed script{where}: all processes "
@@ -142,6 +102,34 @@ class UnguardedCheckpointSave(Rule):
         )
 
 
+    def check_project_helpers(self, setup_call: Call, what: str, check: str) -> None:
+        """A helper of another project module that saves on whichever ranks call it, called here
+        on every rank (the helper's own file cannot know its callers, so it is reported here)."""
+        for call in self.model.calls:
+            if call.name == SAVE:
+                continue
+            linked = self.model.linked_function(call)
+            if linked is None:
+                continue
+            other, helper = linked
+            found = summaries.unguarded_save(other, helper)
+            if found is None or who_runs(self.model, call).runs is not Runs.ALL:
+                continue
+            save, path_param = found
+            if path_param is not None:
+                path = summaries.argument_for(call, helper, path_param)
+                if path is None or summaries.mentions_rank(self.model, path, call.order, call.function):
+                    continue
+            written = call.dotted or helper.name
+            self.report(
+                call.node,
+                f"{written}() runs torch.save ({other.shown_path} line {other.line_of(save.node)}) and is "
+                f"called here on every rank of this distributed script ({what} at line "
+                f"{self.line(setup_call.node)}): all processes write the same checkpoint file at once, which "
+                f"can leave it truncated or corrupt. Call it only on the main process ({check}).",
+            )
+
+
 # Calls whose value names the machine: a path built from one is a per-node copy.
 HOST_NAME_CALLS = frozenset({"socket.gethostname", "platform.node", "os.uname"})
 
@@ -159,3 +147,4 @@ def _names_the_node(model: ModuleModel, path: cst.BaseExpression, save: Call) ->
             if isinstance(node, cst.Call) and (model.qualify(node.func) or "") in HOST_NAME_CALLS:
                 return True
     return False
+

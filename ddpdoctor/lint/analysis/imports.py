@@ -1,0 +1,371 @@
+"""The project's own modules: import resolution and lazy, memoised parsing for one lint run.
+
+A lint run names some files (pre-commit passes only the changed ones); their analysis may follow
+imports into the rest of the project. Only what is asked for is read, and each module once: linting
+one file of a thousand-file project reads that file's imports, not the project.
+
+Resolution follows Python's own rules where they are decidable without running anything: relative
+imports by level; absolute imports against the importer's package root, the importer's folder (a
+script's `sys.path[0]`), the linted folder, the folder of the nearest `pyproject.toml` and its `src/`;
+a regular package (`pkg/__init__.py`) before a module (`pkg.py`) before a namespace folder. It stops
+where the answer depends on the run: `sys.path` edits, installed packages, import hooks. A module
+that cannot be found is simply not a project module (None), never an error.
+
+Every read is recorded against the analysis that asked for it (`scope()`), including reads replayed
+from the memo, so the result cache can key a file on the content of the modules its analysis used.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+import tokenize
+from io import BytesIO
+from pathlib import Path
+from typing import Callable, Hashable, Iterator, Optional, Sequence, TypeVar, Union
+
+import libcst as cst
+
+T = TypeVar("T")
+
+# Larger files are generated code (vendored tables, exported graphs), not training logic; parsing
+# one would cost more than the whole lint of a typical project.
+MAX_BYTES = 2 * 1024 * 1024
+# How far up to look for a pyproject.toml or a package's top.
+MAX_WALK_UP = 32
+
+# Dependency states recorded per scope: a content digest, or one of these.
+EXISTS = ""  # the file's existence mattered (a resolution hit), not its content
+ABSENT = None  # a candidate file that must stay absent for the resolution to hold
+State = Optional[str]
+
+
+class MemoCycle(RuntimeError):
+    """`memo(key, ...)` was asked for `key` while computing it (modules that import each other)."""
+
+
+def content_digest(data: bytes) -> str:
+    return hashlib.blake2b(data, digest_size=16).hexdigest()
+
+
+def _absolute(path: Union[str, Path]) -> Path:
+    # abspath, not resolve(): symlinked checkouts keep the names the user sees, and no syscall.
+    return Path(os.path.abspath(path))
+
+
+def _is_file(path: Path) -> bool:
+    try:
+        return path.is_file()
+    except OSError:
+        return False
+
+
+def _is_dir(path: Path) -> bool:
+    try:
+        return path.is_dir()
+    except OSError:
+        return False
+
+
+def _package_top(directory: Path) -> Path:
+    """The folder above the outermost package containing `directory` (itself if not a package)."""
+    top = directory
+    for _ in range(MAX_WALK_UP):
+        if not _is_file(top / "__init__.py") or top.parent == top:
+            break
+        top = top.parent
+    return top
+
+
+def _nearest_pyproject(directory: Path) -> Optional[Path]:
+    current = directory
+    for _ in range(MAX_WALK_UP):
+        if _is_file(current / "pyproject.toml"):
+            return current
+        if (current / ".git").exists() or current.parent == current:
+            return None
+        current = current.parent
+    return None
+
+
+class ProjectSources:
+    """The project's own modules, read and parsed lazily, once each, for one lint run."""
+
+    def __init__(self, roots: Sequence[Path]) -> None:
+        self.roots: tuple[Path, ...] = tuple(dict.fromkeys(_absolute(r) for r in roots))
+        self._modules: dict[Path, Optional[cst.Module]] = {}
+        self._digests: dict[Path, str] = {}
+        self._absent: set[Path] = set()  # digest_of's misses (many importers look for the same names)
+        self._resolved: dict[tuple[Path, Optional[str], int], tuple[Optional[Path], dict[Path, State]]] = {}
+        self._memo: dict[Hashable, tuple[object, dict[Path, State]]] = {}
+        self._computing: set[Hashable] = set()
+        self._scopes: list[dict[Path, State]] = [{}]
+
+    @classmethod
+    def for_paths(cls, paths: Sequence[Path]) -> "ProjectSources":
+        """Roots for the named files and folders: each folder named, each file's folder and its
+        package's top, the nearest pyproject.toml's folder and the `src/` beside it."""
+        roots: list[Path] = []
+        for raw in paths:
+            try:
+                path = _absolute(raw)
+                folder = path if _is_dir(path) else path.parent
+                roots.append(folder)
+                roots.append(_package_top(folder))
+                project = _nearest_pyproject(folder)
+                if project is not None:
+                    roots.append(project)
+                    if _is_dir(project / "src"):
+                        roots.append(project / "src")
+            except (OSError, ValueError):
+                continue
+        return cls(roots)
+
+    # ---- dependency recording
+
+    def _note(self, path: Path, state: State) -> None:
+        scope = self._scopes[-1]
+        # A parsed file's digest outranks "it exists" (both hold when a resolved file is then read).
+        if path not in scope or state:
+            scope[path] = state
+
+    def _note_all(self, states: dict[Path, State]) -> None:
+        for path, state in states.items():
+            self._note(path, state)
+
+    @contextlib.contextmanager
+    def scope(self) -> Iterator[None]:
+        """Record separately what the analysis inside the block reads (one linted file's); the
+        reads still count for any enclosing scope."""
+        self._scopes.append({})
+        try:
+            yield
+        finally:
+            inner = self._scopes.pop()
+            self._note_all(inner)
+
+    def files_read(self) -> frozenset[Path]:
+        """The project files parsed for the current scope (the whole run outside any scope)."""
+        return frozenset(p for p, state in self._scopes[-1].items() if state)
+
+    def dependencies(self) -> dict[Path, State]:
+        """Everything the current scope's results depend on: path -> content digest, EXISTS for a
+        file found by resolution, ABSENT for a candidate that was looked for and missing."""
+        return dict(self._scopes[-1])
+
+    def unchanged(self, path: Path, state: State) -> bool:
+        """Whether a dependency recorded as `state` (in an earlier run) still holds now."""
+        now = self.digest_of(path)
+        return now is not ABSENT if state == EXISTS else now == state
+
+    def digest_of(self, path: Path) -> State:
+        """The current state of `path` in the terms of `dependencies()` (for cache validation)."""
+        path = _absolute(path)
+        if path in self._digests:
+            return self._digests[path]
+        if path in self._absent:
+            return ABSENT
+        try:
+            with open(path, "rb") as handle:
+                self._digests[path] = content_digest(handle.read(MAX_BYTES + 1))
+        except OSError:  # missing, a folder, unreadable: the same to an import
+            self._absent.add(path)
+            return ABSENT
+        return self._digests[path]
+
+    # ---- parsing
+
+    def provide(self, path: Path, data: bytes, module: Optional[cst.Module]) -> None:
+        """Hand over a module the caller already read and parsed (a linted file), so that
+        following an import back to it neither re-reads nor re-parses it."""
+        path = _absolute(path)
+        self._modules[path] = module
+        self._digests[path] = content_digest(data[: MAX_BYTES + 1])  # as digest_of reads it
+
+    def parse(self, path: Path) -> Optional[cst.Module]:
+        """The parsed module at `path`; None if it is unreadable, not Python, too large or does
+        not parse. Memoised; never raises."""
+        try:
+            path = _absolute(path)
+        except (OSError, ValueError):
+            return None
+        if path not in self._modules:
+            self._modules[path] = self._read_and_parse(path)
+        if path in self._digests:
+            self._note(path, self._digests[path])
+        return self._modules[path]
+
+    def _read_and_parse(self, path: Path) -> Optional[cst.Module]:
+        if path.suffix not in (".py", ".pyi") or not _is_file(path):
+            return None
+        try:
+            with open(path, "rb") as handle:
+                data = handle.read(MAX_BYTES + 1)
+        except OSError:
+            return None
+        self._digests[path] = content_digest(data)
+        if len(data) > MAX_BYTES or b"\x00" in data:
+            return None
+        try:
+            encoding, _ = tokenize.detect_encoding(BytesIO(data).readline)
+            text = data.decode(encoding)
+            return cst.parse_module(text.lstrip("\ufeff"))
+        except Exception:  # noqa: BLE001 - any failure means "not a module we can read", by contract
+            return None
+
+    # ---- resolution
+
+    def resolve(self, importer: Path, module: Optional[str], level: int) -> Optional[Path]:
+        """The file a `from <level dots><module> import ...` or `import <module>` in `importer`
+        loads, if it is one of the project's own; None otherwise. Never raises."""
+        try:
+            folder = _absolute(importer).parent
+            key = (folder, module, level)
+            if key not in self._resolved:
+                self._scopes.append({})
+                try:
+                    found = self._resolve(folder, module, level)
+                finally:
+                    states = self._scopes.pop()
+                self._resolved[key] = (found, states)
+            found, states = self._resolved[key]
+            self._note_all(states)
+            return found
+        except (OSError, ValueError, RecursionError):
+            return None
+
+    def _resolve(self, folder: Path, module: Optional[str], level: int) -> Optional[Path]:
+        parts = module.split(".") if module else []
+        if not all(part.isidentifier() for part in parts) or level < 0:
+            return None
+        if level > 0:
+            base = folder
+            for _ in range(level - 1):
+                if base.parent == base:
+                    return None
+                base = base.parent
+            if not parts:
+                init = base / "__init__.py"
+                return init if self._probe(init) else None
+            return self._find(base, parts)
+        if not parts:
+            return None
+        for root in dict.fromkeys((_package_top(folder), folder, *self.roots)):
+            found = self._find(root, parts)
+            if found is not None:
+                return found
+        return None
+
+    def _probe(self, candidate: Path) -> bool:
+        exists = _is_file(candidate)
+        self._note(candidate, EXISTS if exists else ABSENT)
+        return exists
+
+    def _find(self, base: Path, parts: list[str]) -> Optional[Path]:
+        """`a.b.c` under `base`: each of a, b a package or namespace folder (a module `a.py` is
+        not a package), c a package's `__init__.py` or a module; a namespace `c/` has no file."""
+        current = base
+        for part in parts[:-1]:
+            if self._probe(current / part / "__init__.py"):
+                current = current / part
+            elif self._probe(current / f"{part}.py") or not _is_dir(current / part):
+                return None
+            else:
+                current = current / part
+        last = parts[-1]
+        for candidate in (current / last / "__init__.py", current / f"{last}.py"):
+            if self._probe(candidate):
+                return candidate
+        return None
+
+    def imported_modules(self, path: Path) -> list[Path]:
+        """The project modules `path` imports anywhere in its body (statements in functions
+        included; `from pkg import name` counts `pkg/name.py` when that is a submodule), in order."""
+        tree = self.parse(path)
+        if tree is None:
+            return []
+        found: list[Path] = []
+
+        def add(target: Optional[Path]) -> None:
+            if target is not None and target not in found:
+                found.append(target)
+
+        for node in _imports(tree):
+            if isinstance(node, cst.Import):
+                for alias in node.names:
+                    add(self.resolve(path, _dotted(alias.name), 0))
+                continue
+            level = len(node.relative)
+            base = _dotted(node.module) if node.module is not None else None
+            add(self.resolve(path, base, level))
+            if isinstance(node.names, cst.ImportStar):
+                continue
+            for alias in node.names:
+                name = _dotted(alias.name)
+                if name:
+                    add(self.resolve(path, f"{base}.{name}" if base else name, level))
+        return found
+
+    # ---- per-run memo
+
+    def memo(self, key: Hashable, compute: Callable[[], T]) -> T:
+        """`compute()` once per key for this run. The files it read are recorded again for every
+        later scope that gets the memoised value. Asking for a key while computing it raises
+        MemoCycle (catch it where modules may import each other)."""
+        if key in self._memo:
+            value, states = self._memo[key]
+            self._note_all(states)
+            return value  # type: ignore[return-value]
+        if key in self._computing:
+            raise MemoCycle(f"memo key {key!r} is being computed")
+        self._computing.add(key)
+        self._scopes.append({})
+        try:
+            value = compute()
+        finally:
+            self._computing.discard(key)
+            states = self._scopes.pop()
+            self._note_all(states)
+        self._memo[key] = (value, states)
+        return value
+
+
+def _dotted(node: Union[cst.BaseExpression, cst.Attribute, cst.Name]) -> str:
+    if isinstance(node, cst.Name):
+        return node.value
+    if isinstance(node, cst.Attribute):
+        head = _dotted(node.value)
+        return f"{head}.{node.attr.value}" if head else ""
+    return ""
+
+
+def _imports(tree: cst.Module) -> Iterator[Union[cst.Import, cst.ImportFrom]]:
+    """Import statements anywhere, without a visitor: an explicit stack over statement bodies."""
+    stack: list[cst.CSTNode] = list(reversed(tree.body))
+    while stack:
+        node = stack.pop()
+        if isinstance(node, cst.SimpleStatementLine):
+            for small in node.body:
+                if isinstance(small, (cst.Import, cst.ImportFrom)):
+                    yield small
+        elif isinstance(node, cst.BaseCompoundStatement):
+            stack.extend(reversed(list(_child_statements(node))))
+
+
+def _child_statements(node: cst.BaseCompoundStatement) -> Iterator[cst.CSTNode]:
+    blocks: list[cst.BaseSuite] = [node.body]
+    orelse = getattr(node, "orelse", None)
+    while orelse is not None:
+        blocks.append(orelse.body)
+        orelse = getattr(orelse, "orelse", None) if isinstance(orelse, cst.If) else None
+    for handler in getattr(node, "handlers", ()):
+        blocks.append(handler.body)
+    final = getattr(node, "finalbody", None)
+    if final is not None:
+        blocks.append(final.body)
+    for block in blocks:
+        if isinstance(block, cst.IndentedBlock):
+            yield from block.body
+        elif isinstance(block, cst.SimpleStatementSuite):
+            yield cst.SimpleStatementLine(body=block.body)

@@ -1,0 +1,110 @@
+"""What a function does for its callers, so a call can be judged where it is made: in this module
+or, through `ModuleModel.linked_function`, in another module of the project.
+
+A finding that spans modules is reported at the call in the module that imports the other half
+(the helper, linted alone, cannot know who calls it): `save_checkpoint(...)` in train.py runs a
+`torch.save` on every rank; `run_epoch(model, loader)` draws from a loader whose sampler nobody
+reseeds. Each summary is computed on demand and memoised with its module's model.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import libcst as cst
+
+from ddpdoctor.lint.analysis.model import MAX_DEPTH, Call, Expr, Function, ModuleModel
+from ddpdoctor.lint.analysis.ranks import decided_by_guards, rank_kind
+from ddpdoctor.lint.analysis.syntax import dotted_name
+
+SAVE = "torch.save"
+
+
+def param_name(model: ModuleModel, function: Function, expr: Optional[cst.CSTNode]) -> Optional[str]:
+    """The parameter of `function` that `expr` is (a plain name never rebound in the function)."""
+    name = dotted_name(expr)
+    if name is None or "." in name or name not in function.params:
+        return None
+    if any(a.function is function and a.kind != "param" for a in model.assignments_to(name)):
+        return None
+    return name
+
+
+def argument_for(call: Call, function: Function, param: str) -> Optional[Expr]:
+    """The expression a call passes for `param` of `function`."""
+    index = function.params.index(param)
+    if function.klass is not None and function.params[0] in ("self", "cls"):
+        index -= 1
+    return call.arg(index if index >= 0 else None, param)
+
+
+def mentions_rank(
+    model: ModuleModel, expr: Optional[cst.CSTNode], order: int, function: Optional[Function], depth: int = 0
+) -> bool:
+    """True when an expression (a path) is built from a rank, following variables: per-rank files."""
+    if expr is None or depth > MAX_DEPTH:
+        return False
+    stack: list[cst.CSTNode] = [expr]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, cst.Call) or (isinstance(node, (cst.Name, cst.Attribute)) and dotted_name(node) is not None):
+            assert isinstance(node, (cst.Call, cst.Name, cst.Attribute))
+            if rank_kind(model, node, order, function) is not None:
+                return True
+            if not isinstance(node, cst.Call):
+                # The path through variables and helper parameters, each value in its own scope.
+                for value, v_order, v_function in model.leaf_values(node, order, function):
+                    if value is not node and mentions_rank(model, value, v_order, v_function, depth + 1):
+                        return True
+                continue
+        stack.extend(child for child in node.children if not isinstance(child, cst.BaseParenthesizableWhitespace))
+    return False
+
+
+def unguarded_save(model: ModuleModel, function: Function) -> Optional[tuple[Call, Optional[str]]]:
+    """A `torch.save` in `function`'s body that runs on whichever ranks call it (no rank check
+    inside decides), with the parameter that names its file when one does (the caller's argument
+    then tells whether the file is per rank). None when every save is guarded or per rank."""
+    for call in model.calls_named(SAVE):
+        if call.function is not function or decided_by_guards(model, call.ctx.guards) is not None:
+            continue
+        path = call.arg(1, "f")
+        if path is None:
+            continue
+        param = param_name(model, function, path)
+        if param is None and mentions_rank(model, path, call.order, call.function):
+            continue
+        return call, param
+    return None
+
+
+def drawn_params(model: ModuleModel, function: Function) -> dict[str, Call]:
+    """The parameters a training loop in `function` draws its batches from (`for x, y in
+    tqdm(loader):` with a backward in the loop), each with that backward."""
+    out: dict[str, Call] = {}
+    for loop in model.loops:
+        if loop.function is not function or loop.iter is None:
+            continue
+        backward = next((c for c in model.calls_within(loop, depth=2) if c.attr == "backward"), None)
+        if backward is None:
+            continue
+        for iterated in model.iterated_exprs(loop.iter):
+            name = param_name(model, function, iterated)
+            if name is not None:
+                out.setdefault(name, backward)
+    return out
+
+
+def epoch_set_params(model: ModuleModel, function: Function) -> set[str]:
+    """The parameters `function` calls `set_epoch` on: `p.set_epoch(e)`, `p.sampler.set_epoch(e)`."""
+    out: set[str] = set()
+    for call in function.calls:
+        if call.attr != "set_epoch" or call.receiver is None:
+            continue
+        receiver = call.receiver
+        if isinstance(receiver, cst.Attribute) and receiver.attr.value in ("sampler", "batch_sampler"):
+            receiver = receiver.value
+        name = param_name(model, function, receiver)
+        if name is not None:
+            out.add(name)
+    return out

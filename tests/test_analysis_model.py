@@ -1,0 +1,103 @@
+"""The model's newer answers asked directly: **kwargs read whole, star imports, tuple unpacking of
+a call's return, constructor calls as call sites, and calls linked to another project module."""
+
+from __future__ import annotations
+
+import pathlib
+import textwrap
+
+import libcst as cst
+
+from ddpdoctor.lint.analysis import ProjectSources, build_analysis, ranks
+
+
+def model_of(source: str, path: str = "<string>", project: ProjectSources | None = None):  # type: ignore[no-untyped-def]
+    return build_analysis(cst.parse_module(textwrap.dedent(source)), path, project=project)
+
+
+def test_star_keywords_from_dict_update_and_item_assignment() -> None:
+    model = model_of(
+        """
+        from torch.utils.data import DataLoader
+        kw = dict(batch_size=8)
+        kw.update(shuffle=True)
+        kw["drop_last"] = True
+        DataLoader(ds, **kw)
+        """
+    )
+    loader = model.calls_named("torch.utils.data.DataLoader")[0]
+    assert not loader.has_star_args()
+    assert [model.code_of(loader.arg(keyword=k)) for k in ("batch_size", "shuffle", "drop_last")] == ["8", "True", "True"]
+    assert loader.written_arg(keyword="shuffle") is None
+
+
+def test_star_keywords_unknown_when_the_dict_is_changed_otherwise() -> None:
+    model = model_of(
+        """
+        from torch.utils.data import DataLoader
+        kw = dict(batch_size=8)
+        kw.update(other)
+        DataLoader(ds, **kw)
+        """
+    )
+    loader = model.calls_named("torch.utils.data.DataLoader")[0]
+    assert loader.has_star_args() and loader.arg(keyword="shuffle") is None
+
+
+def test_names_from_a_torch_star_import_unless_bound_here() -> None:
+    model = model_of(
+        """
+        from torch.distributed import *
+        def barrier():
+            pass
+        init_process_group("nccl")
+        barrier()
+        """
+    )
+    assert [c.name for c in model.calls] == ["torch.distributed.init_process_group", None]
+
+
+def test_constructor_call_is_a_call_site_of_init() -> None:
+    model = model_of(
+        """
+        class Trainer:
+            def __init__(self, rank):
+                self.rank = rank
+        Trainer(3)
+        """
+    )
+    init = model.functions_named("__init__")[0]
+    assert [model.code_of(v) for v in model.argument_values(init, "rank")] == ["3"]
+
+
+def test_unpacked_rank_through_a_local_helper() -> None:
+    model = model_of(
+        """
+        import os
+        def setup():
+            return int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+        rank, world = setup()
+        x = rank
+        y = world
+        """
+    )
+    x, y = model.assignments_to("x")[0], model.assignments_to("y")[0]
+    assert ranks.rank_source(model, x.value, x.order, None) == "global"
+    assert ranks.rank_source(model, y.value, y.order, None) is None
+
+
+def test_linked_function_in_another_project_module(tmp_path: pathlib.Path) -> None:
+    (tmp_path / "pkg").mkdir()
+    (tmp_path / "pkg" / "__init__.py").write_text("")
+    (tmp_path / "pkg" / "ckpt.py").write_text("import torch\ndef save(m, p):\n    torch.save(m, p)\n")
+    (tmp_path / "pkg" / "broken.py").write_text("def (:\n")
+    main = tmp_path / "pkg" / "main.py"
+    source = "from .ckpt import save\nfrom . import broken\nsave(model, 'x.pt')\nbroken.f()\nmissing()\n"
+    main.write_text(source)
+    project = ProjectSources.for_paths([tmp_path])
+    model = model_of(source, str(main), project)
+    linked = [model.linked_function(c) for c in model.calls]
+    other, function = linked[0]  # type: ignore[misc]
+    assert function.name == "save" and other.path.endswith("ckpt.py")
+    assert linked[1:] == [None, None]  # an unparsable module and an unknown name break nothing
+    assert model_of(source, str(main)).linked_function(model.calls[0]) is None  # no project: no link

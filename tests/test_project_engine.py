@@ -1,0 +1,161 @@
+"""The engine's project plumbing: one ProjectSources per run, findings only for the named files, and
+a cache that knows which project modules each file's analysis read.
+
+Until the analysis layer follows imports (issue 10), `following_imports` stands in for it on top of
+the real engine and cache: it reads every module the linted file imports, transitively, through the
+run's ProjectSources, exactly as the analysis will.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Iterator, Optional
+
+import pytest
+
+from ddpdoctor.config import Settings
+from ddpdoctor.lint import engine
+from ddpdoctor.lint.analysis.imports import ProjectSources
+from ddpdoctor.lint.engine import lint_paths
+
+SCRIPT = """import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+{imports}
+
+def main():
+    dist.init_process_group("nccl")
+    model = DDP(torch.nn.Linear(2, 2).cuda())
+    save_checkpoint(model.state_dict(), "last.pt")
+"""
+HELPER = """import torch
+import torch.distributed as dist
+
+
+def save_checkpoint(state, path):
+    {body}
+"""
+
+
+def write(root: Path, files: dict[str, str]) -> None:
+    for name, text in files.items():
+        path = root / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text, encoding="utf-8")
+
+
+@pytest.fixture
+def projects(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[ProjectSources]]:
+    """Stand in for an analysis that follows imports; collect the run's ProjectSources."""
+    seen: list[ProjectSources] = []
+    real = engine._analyse
+
+    def following_imports(module: Any, path: str, world_size: Optional[int], project: Optional[ProjectSources]) -> Any:
+        assert project is not None
+        if project not in seen:
+            seen.append(project)
+        todo, done = [Path(path)], set()
+        while todo:
+            current = todo.pop()
+            if current not in done:
+                done.add(current)
+                todo.extend(project.imported_modules(current))
+        return real(module, path, world_size, project)
+
+    monkeypatch.setattr(engine, "_analyse", following_imports)
+    yield seen
+
+
+def lint(paths: list[Path], root: Path, use_cache: bool = True) -> engine.RunResult:
+    run, _ = lint_paths([str(p) for p in paths], Settings(select=("ALL",)), jobs=1, use_cache=use_cache, cache_root=root)
+    assert not run.errors
+    return run
+
+
+def cached(run: engine.RunResult) -> dict[str, bool]:
+    return {Path(r.path).name: r.cached for r in run.files}
+
+
+def test_editing_an_imported_module_re_analyses_the_importer(tmp_path: Path, projects: list[ProjectSources]) -> None:
+    write(
+        tmp_path,
+        {
+            "main.py": SCRIPT.format(imports="from utils.checkpoint import save_checkpoint"),
+            "utils/__init__.py": "",
+            "utils/checkpoint.py": HELPER.format(body="torch.save(state, path)"),
+        },
+    )
+    main = tmp_path / "main.py"
+    first = lint([main], tmp_path)
+    assert cached(first) == {"main.py": False}
+    depends = first.files[0].depends
+    assert depends[str(tmp_path / "utils/checkpoint.py")]  # a content digest
+    assert depends[str(tmp_path / "utils/__init__.py")] is not None
+    assert depends[str(tmp_path / "utils/checkpoint/__init__.py")] is None  # looked for, absent
+    assert str(main) not in depends  # its own content is the cache key already
+    assert cached(lint([main], tmp_path)) == {"main.py": True}
+
+    (tmp_path / "utils/checkpoint.py").write_text(HELPER.format(body="if dist.get_rank() == 0:\n        torch.save(state, path)"))
+    assert cached(lint([main], tmp_path)) == {"main.py": False}
+    assert cached(lint([main], tmp_path)) == {"main.py": True}
+
+
+def test_a_module_appearing_where_an_import_looked_re_analyses_the_importer(
+    tmp_path: Path, projects: list[ProjectSources]
+) -> None:
+    write(tmp_path, {"main.py": SCRIPT.format(imports="from helpers import save_checkpoint"), "lib/helpers.py": HELPER.format(body="pass")})
+    (tmp_path / "pyproject.toml").write_text("")
+    main = tmp_path / "main.py"
+    lint([main, tmp_path / "lib"], tmp_path)
+    assert cached(lint([main, tmp_path / "lib"], tmp_path))["main.py"] is True
+    (tmp_path / "helpers.py").write_text(HELPER.format(body="pass"))
+    assert cached(lint([main, tmp_path / "lib"], tmp_path))["main.py"] is False
+
+
+def test_unrelated_edit_keeps_the_cache(tmp_path: Path, projects: list[ProjectSources]) -> None:
+    write(tmp_path, {"main.py": SCRIPT.format(imports="from helpers import save_checkpoint"), "helpers.py": HELPER.format(body="pass"), "other.py": "x = 1\n"})
+    main = tmp_path / "main.py"
+    lint([main], tmp_path)
+    (tmp_path / "other.py").write_text("x = 2\n")
+    assert cached(lint([main], tmp_path)) == {"main.py": True}
+
+
+def test_linting_one_file_of_a_thousand_file_project_reads_only_what_it_imports(
+    tmp_path: Path, projects: list[ProjectSources]
+) -> None:
+    files = {
+        "proj/__init__.py": "",
+        "proj/train.py": SCRIPT.format(imports="from proj.m1 import save_checkpoint\nfrom . import m2"),
+    }
+    files.update({f"proj/m{i}.py": HELPER.format(body="pass") + (f"from .m{i + 100} import g\n" if i < 3 else "") for i in range(1, 1000)})
+    write(tmp_path, files)
+    run = lint([tmp_path / "proj/train.py"], tmp_path, use_cache=False)
+    assert [Path(r.path).name for r in run.files] == ["train.py"]
+    assert len(projects) == 1
+    expected = {tmp_path / f"proj/{n}.py" for n in ("train", "__init__", "m1", "m2", "m101", "m102")}
+    assert projects[0].files_read() == expected
+
+
+def test_each_run_gets_a_fresh_project(tmp_path: Path, projects: list[ProjectSources]) -> None:
+    write(tmp_path, {"main.py": SCRIPT.format(imports="from helpers import save_checkpoint"), "helpers.py": HELPER.format(body="pass")})
+    lint([tmp_path / "main.py"], tmp_path, use_cache=False)
+    lint([tmp_path / "main.py"], tmp_path, use_cache=False)
+    assert len(projects) == 2 and projects[0] is not projects[1]
+
+
+def test_the_real_analysis_reads_nothing_beyond_the_imports(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Whatever the analysis layer follows, a run over one file never wanders into the rest."""
+    seen: list[ProjectSources] = []
+    real = engine._analyse
+
+    def spy(module: Any, path: str, world_size: Optional[int], project: Optional[ProjectSources]) -> Any:
+        assert project is not None
+        seen.append(project)
+        return real(module, path, world_size, project)
+
+    monkeypatch.setattr(engine, "_analyse", spy)
+    files = {"proj/__init__.py": "", "proj/train.py": SCRIPT.format(imports="from proj.m1 import save_checkpoint")}
+    files.update({f"proj/m{i}.py": HELPER.format(body="torch.save(state, path)") for i in range(1, 300)})
+    write(tmp_path, files)
+    lint([tmp_path / "proj/train.py"], tmp_path, use_cache=False)
+    assert seen and seen[0].files_read() <= {tmp_path / "proj/train.py", tmp_path / "proj/__init__.py", tmp_path / "proj/m1.py"}
