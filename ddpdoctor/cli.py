@@ -108,7 +108,7 @@ def lint(
     """Lint training scripts (files, folders, or '-' for standard input)."""
     from ddpdoctor.config import ConfigError, find_config, load_settings, split_codes
     from ddpdoctor.lint import fixes as fixing
-    from ddpdoctor.lint.engine import RunResult, lint_bytes, lint_paths, read_text_for_frames
+    from ddpdoctor.lint.engine import RunResult, file_limits, lint_bytes, lint_paths, read_text_for_frames
     from ddpdoctor.lint.files import PathError
     from ddpdoctor.report import ReportContext, render
 
@@ -144,7 +144,9 @@ def lint(
         name = stdin_filename or "<stdin>"
         data = sys.stdin.buffer.read()
         codes = settings.codes_for(name, enabled)
-        run.files = [lint_bytes(data, name, codes, settings.world_size, fix=do_fix, unsafe_fixes=unsafe_fixes)]
+        run.files = [
+            lint_bytes(data, name, codes, settings.world_size, do_fix, unsafe_fixes, file_limits(settings))
+        ]
     else:
         try:
             run, empty_dirs = lint_paths(

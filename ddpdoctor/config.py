@@ -22,7 +22,9 @@ else:  # pragma: no cover - exercised only on 3.9/3.10
 
 from ddpdoctor.catalog import RuleInfo, load_catalog
 
-KNOWN_KEYS = frozenset({"select", "ignore", "extend-select", "exclude", "per-file-ignores", "world-size"})
+KNOWN_KEYS = frozenset(
+    {"select", "ignore", "extend-select", "exclude", "per-file-ignores", "world-size", "max-file-size", "file-timeout"}
+)
 
 
 class ConfigError(Exception):
@@ -37,6 +39,8 @@ class Settings:
     exclude: tuple[str, ...] = ()
     per_file_ignores: tuple[tuple[str, tuple[str, ...]], ...] = ()
     world_size: Optional[int] = None
+    max_file_mb: Optional[float] = None  # larger files are not analysed (DDP999); None: the default
+    file_timeout_s: Optional[float] = None  # the time budget per file; None: the default
     root: Optional[Path] = None  # directory of the config file (patterns are relative to it)
     config_path: Optional[Path] = None
 
@@ -86,6 +90,7 @@ class Settings:
             "extend_select": self.extend_select,
             "per_file_ignores": self.per_file_ignores,
             "world_size": self.world_size,
+            "max_file_mb": self.max_file_mb,
         }
         return hashlib.sha256(json.dumps(data, sort_keys=True, default=list).encode()).hexdigest()[:16]
 
@@ -201,6 +206,8 @@ def settings_from_table(table: Mapping[str, Any], path: Path) -> Settings:
     if world_size is not None and (not isinstance(world_size, int) or isinstance(world_size, bool) or world_size < 1):
         raise ConfigError(f"{path}: 'world-size' must be a positive integer")
     return Settings(
+        max_file_mb=_positive_number(table, "max-file-size", path, "a size in MB"),
+        file_timeout_s=_positive_number(table, "file-timeout", path, "a number of seconds"),
         select=code_list("select"),
         ignore=code_list("ignore") or (),
         extend_select=code_list("extend-select") or (),
@@ -210,3 +217,12 @@ def settings_from_table(table: Mapping[str, Any], path: Path) -> Settings:
         root=path.parent.resolve(),
         config_path=path,
     )
+
+
+def _positive_number(table: Mapping[str, Any], key: str, path: Path, what: str) -> Optional[float]:
+    value = table.get(key)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < float("inf"):
+        raise ConfigError(f"{path}: '{key}' must be a positive number ({what})")
+    return float(value)

@@ -10,7 +10,6 @@ import ast
 import dataclasses
 import os
 import tokenize
-from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from io import BytesIO
 from pathlib import Path
@@ -22,9 +21,11 @@ from ddpdoctor.catalog import rule_info
 from ddpdoctor.config import Settings
 from ddpdoctor.findings import Finding, Severity
 from ddpdoctor.lint import fixes as fixing
+from ddpdoctor.lint import isolation
 from ddpdoctor.lint.cache import ResultCache, content_hash
 from ddpdoctor.lint.facts import ModuleFacts
-from ddpdoctor.lint.files import discover
+from ddpdoctor.lint.files import discover, read_regular
+from ddpdoctor.lint.workers import run_tasks
 from ddpdoctor.lint.rules.base import Rule, all_rules
 from ddpdoctor.lint.suppress import apply_suppressions
 
@@ -44,6 +45,7 @@ class FileResult:
     error: Optional[str] = None  # an I/O problem with this file (reported, exit 2)
     cached: bool = False
     parsed: bool = False
+    transient: bool = False  # given up for a reason that may pass (a time budget): never cached
 
 
 @dataclass
@@ -121,12 +123,14 @@ def lint_text(
     world_size: Optional[int] = None,
 ) -> tuple[list[Finding], bool]:
     """Parse once, build facts once, run every rule. Returns (findings, parsed)."""
+    deep = isolation.too_deep(text, path)
+    if deep is not None:
+        return [_parse_error(path, deep[0], deep[1])], True
     try:
         module = cst.parse_module(text)
     except cst.ParserSyntaxError as error:
-        return [_syntax_error_finding(text, path, error)], True
-    except (RecursionError, MemoryError):
-        return [_parse_error(path, "cannot parse: the file is nested too deeply")], True
+        refused = _syntax_error_finding(text, path, error)
+        return ([refused] if refused else []), refused is not None
     facts = ModuleFacts.build(module, path, world_size)
     findings: list[Finding] = []
     for rule_class in rules:
@@ -134,11 +138,15 @@ def lint_text(
     return apply_suppressions(findings, text), True
 
 
-def _syntax_error_finding(text: str, path: str, error: cst.ParserSyntaxError) -> Finding:
+def _syntax_error_finding(text: str, path: str, error: cst.ParserSyntaxError) -> Optional[Finding]:
     """libcst's parser reports where its grammar gave up, which can be a line late; CPython's
-    compiler names the offending token. Only compiled (never executed), and only on failure."""
+    compiler names the offending token. Only compiled (never executed), and only on failure.
+
+    None when CPython accepts what libcst refused (libcst's grammar and tokenizer lag CPython's in
+    a few corners): the file is valid Python, so it gets no DDP999, only no findings."""
     try:
         compile(text, path, "exec", flags=ast.PyCF_ONLY_AST, dont_inherit=True)
+        return None
     except SyntaxError as python_error:
         if python_error.lineno:
             return _parse_error(
@@ -162,6 +170,34 @@ def lint_bytes(
     world_size: Optional[int] = None,
     fix: bool = False,
     unsafe_fixes: bool = False,
+    limits: Optional[isolation.Limits] = None,
+) -> FileResult:
+    """Lint one file's bytes. Never raises: whatever goes wrong is a DDP999 finding for this file."""
+    limits = limits or isolation.Limits()
+    reason = limits.too_large(len(data))
+    if reason is None:
+        try:
+            return isolation.contain(
+                lambda: _lint_bytes(data, path, codes, world_size, fix, unsafe_fixes), limits.timeout_s
+            )
+        except isolation.AnalysisFailed as failed:
+            return given_up(path, codes, str(failed), failed.transient)
+    return given_up(path, codes, reason)
+
+
+def given_up(path: str, codes: frozenset[str], reason: str, transient: bool = False) -> FileResult:
+    """The result for a file whose analysis was given up (too large, too deep, too slow, a bug)."""
+    findings = [_parse_error(path, reason)] if PARSE_ERROR_CODE in codes else []
+    return FileResult(path, findings, transient=transient)
+
+
+def _lint_bytes(
+    data: bytes,
+    path: str,
+    codes: frozenset[str],
+    world_size: Optional[int],
+    fix: bool,
+    unsafe_fixes: bool,
 ) -> FileResult:
     decoded = decode(data, path)
     if isinstance(decoded, Finding):
@@ -201,14 +237,18 @@ def lint_source(
     return lint_bytes(data, path, codes, settings.world_size, fix, unsafe_fixes)
 
 
-def _lint_file_task(args: tuple[str, frozenset[str], Optional[int], bool, bool]) -> FileResult:
-    path, codes, world_size, fix, unsafe_fixes = args
+Task = tuple[str, frozenset[str], Optional[int], bool, bool, isolation.Limits]
+
+
+def _lint_file_task(args: Task) -> FileResult:
+    path, codes, world_size, fix, unsafe_fixes, limits = args
     try:
-        with open(path, "rb") as handle:
-            data = handle.read()
+        data = read_regular(path, limits.max_bytes)
     except OSError as error:
         return FileResult(path, [], error=f"{path}: cannot read: {error.strerror}")
-    result = lint_bytes(data, path, codes, world_size, fix, unsafe_fixes)
+    if data is None:
+        return given_up(path, codes, limits.too_large(limits.max_bytes + 1) or "too large")
+    result = lint_bytes(data, path, codes, world_size, fix, unsafe_fixes, limits)
     if not fix:
         result.source = None  # the parent re-reads only files with findings, for code frames
     return result
@@ -232,36 +272,43 @@ def lint_paths(
         cache = ResultCache(root, settings.fingerprint() + "-" + content_hash(",".join(sorted(enabled)).encode())[:8])
 
     run = RunResult()
-    pending: list[tuple[int, tuple[str, frozenset[str], Optional[int], bool, bool]]] = []
+    limits = file_limits(settings)
+    pending: list[tuple[int, Task]] = []
     slots: list[Optional[FileResult]] = []
     digests: dict[int, str] = {}
     for index, path in enumerate(discovered.files):
         codes = settings.codes_for(path, enabled)
         if cache is not None:
             try:
-                with open(path, "rb") as handle:
-                    digest = content_hash(handle.read())
+                data = read_regular(path, limits.max_bytes)
             except OSError as error:
                 slots.append(FileResult(path, [], error=f"{path}: cannot read: {error.strerror}"))
                 continue
-            cached = cache.get(path, digest + ":" + ",".join(sorted(codes)))
-            if cached is not None:
-                slots.append(FileResult(path, [dataclasses.replace(f, path=path) for f in cached], cached=True))
-                continue
-            digests[index] = digest + ":" + ",".join(sorted(codes))
+            if data is not None:
+                key = content_hash(data) + ":" + ",".join(sorted(codes))
+                cached = cache.get(path, key, codes, line_count(data))
+                if cached is not None:
+                    slots.append(FileResult(path, [dataclasses.replace(f, path=path) for f in cached], cached=True))
+                    continue
+                digests[index] = key
         slots.append(None)
-        pending.append((index, (path, codes, settings.world_size, fix, unsafe_fixes)))
+        pending.append((index, (path, codes, settings.world_size, fix, unsafe_fixes, limits)))
 
     workers = jobs if jobs and jobs > 0 else (os.cpu_count() or 1)
     if workers > 1 and len(pending) >= PARALLEL_THRESHOLD:
-        with ProcessPoolExecutor(max_workers=min(workers, len(pending))) as pool:
-            chunk = max(1, len(pending) // (workers * 8))
-            outcomes = list(pool.map(_lint_file_task, [task for _, task in pending], chunksize=chunk))
+        outcomes = run_tasks(
+            _lint_file_task,
+            [task for _, task in pending],
+            workers,
+            limits.timeout_s,
+            lambda task, reason: given_up(task[0], task[1], reason, transient=True),
+            limits.max_bytes,
+        )
     else:
         outcomes = [_lint_file_task(task) for _, task in pending]
     for (index, _), outcome in zip(pending, outcomes):
         slots[index] = outcome
-        if cache is not None and outcome.error is None and index in digests:
+        if cache is not None and outcome.error is None and not outcome.transient and index in digests:
             cache.put(outcome.path, digests[index], outcome.findings)
     if cache is not None:
         cache.save()
@@ -269,11 +316,26 @@ def lint_paths(
     return run, discovered.skipped_dirs_without_python
 
 
+def file_limits(settings: Settings) -> isolation.Limits:
+    defaults = isolation.Limits()
+    return isolation.Limits(
+        max_bytes=int(settings.max_file_mb * 1024 * 1024) if settings.max_file_mb else defaults.max_bytes,
+        timeout_s=settings.file_timeout_s or defaults.timeout_s,
+    )
+
+
+def line_count(data: bytes) -> int:
+    """An upper bound of the lines libcst counts ("\r\n", "\r" and "\n" each end one)."""
+    return data.count(b"\n") + data.count(b"\r") + 1
+
+
 def read_text_for_frames(path: str) -> Optional[str]:
     try:
-        with open(path, "rb") as handle:
-            decoded = decode(handle.read(), path)
+        data = read_regular(path, isolation.Limits().max_bytes)
     except OSError:
         return None
+    if data is None:
+        return None
+    decoded = decode(data, path)
     return decoded if isinstance(decoded, str) else None
 

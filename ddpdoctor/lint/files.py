@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import errno
 import os
+import stat
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable
+from typing import Iterable, Optional
 
 from ddpdoctor.config import Settings
 
@@ -73,3 +75,27 @@ def discover(paths: Iterable[str], settings: Settings) -> Discovered:
         if found == 0:
             empty_dirs.append(raw)
     return Discovered(files, empty_dirs)
+
+
+class NotRegular(OSError):
+    """A FIFO, socket or device where a source file was expected: never read (a FIFO blocks)."""
+
+
+def read_regular(path: str, max_bytes: int) -> Optional[bytes]:
+    """The bytes of a regular file, or None when it is larger than `max_bytes` (not read at all).
+
+    Opened without blocking and checked on the open descriptor, so a FIFO that replaced the file
+    since discovery cannot hang the run."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise NotRegular(errno.EINVAL, "not a regular file")
+        if info.st_size > max_bytes:
+            return None
+        chunks = []
+        while chunk := os.read(fd, 1 << 20):
+            chunks.append(chunk)
+        return b"".join(chunks)
+    finally:
+        os.close(fd)
