@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Optional, Sequence, TypeVar
@@ -156,6 +157,8 @@ def lint(
             raise fail(str(error)) from None
     for directory in empty_dirs:
         click.echo(f"ddpdoctor: warning: no Python files found in {directory}", err=True)
+    for warning in run.warnings:
+        click.echo(f"ddpdoctor: warning: {warning}", err=True)
 
     diffs: list[str] = []
     for result in run.files:
@@ -196,19 +199,41 @@ def lint(
         fixed=run.fixed,
         quiet=quiet or (use_stdin and fix),
     )
-    report = render(findings, output_format, context)
+    report = _undecodable_names_escaped(render(findings, output_format, context), output_format)
     if output_file:
-        Path(output_file).write_text(report, encoding="utf-8")
-    elif report and not (use_stdin and fix):
-        click.echo(report, nl=not report.endswith("\n"))
-    elif use_stdin and fix and report:
-        click.echo(report, err=True, nl=not report.endswith("\n"))
+        try:
+            Path(output_file).write_bytes(report.encode("utf-8", "surrogateescape"))
+        except OSError as error:
+            raise fail(f"cannot write the report to {output_file}: {error.strerror or error}") from None
+    elif report:
+        stream = sys.stderr if (use_stdin and fix) else sys.stdout
+        _write_text(stream, report if report.endswith("\n") else report + "\n")
     for error in run.errors:
         click.echo(f"ddpdoctor: error: {error}", err=True)
     if run.errors:
         raise click.exceptions.Exit(EXIT_ERROR)
     if findings and not exit_zero:
         raise click.exceptions.Exit(EXIT_FINDINGS)
+
+
+def _undecodable_names_escaped(report: str, output_format: str) -> str:
+    """File names that are not valid UTF-8 reach us with their bytes as lone surrogates (PEP 383).
+    JSON and SARIF must stay valid UTF-8: there they become `\\udcXX` escapes (which json.loads
+    and os.fsencode turn back into the name's bytes); text and GitHub output get the raw bytes, as
+    `ls` prints them."""
+    if output_format in ("json", "sarif"):
+        return re.sub("[\udc80-\udcff]", lambda match: f"\\u{ord(match.group()):04x}", report)
+    return report
+
+
+def _write_text(stream: Any, text: str) -> None:
+    buffer = getattr(stream, "buffer", None)
+    if buffer is None:  # a test runner's text stream
+        stream.write(text)
+        return
+    stream.flush()
+    buffer.write(text.encode(stream.encoding or "utf-8", "surrogateescape"))
+    buffer.flush()
 
 
 def _write_fix(result: "FileResult") -> None:

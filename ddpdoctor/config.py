@@ -145,16 +145,23 @@ def find_config(start: Path) -> Optional[Path]:
         pyproject = candidate_dir / "pyproject.toml"
         if pyproject.is_file():
             try:
-                text = pyproject.read_text(encoding="utf-8")
-            except (OSError, UnicodeDecodeError):
+                raw = pyproject.read_bytes()
+            except OSError:
                 continue
+            try:
+                text = raw.decode("utf-8")
+            except UnicodeDecodeError:
+                if b"tool.ddpdoctor" in raw:
+                    raise ConfigError(f"{pyproject}: not UTF-8 (TOML files must be UTF-8)") from None
+                continue  # someone else's pyproject, and not ours to judge
             try:
                 data = tomllib.loads(text)
             except tomllib.TOMLDecodeError as error:
                 if "tool.ddpdoctor" in text:
                     raise ConfigError(f"{pyproject}: invalid TOML: {error}") from None
                 continue  # someone else's broken pyproject is not ours to judge
-            if "ddpdoctor" in data.get("tool", {}):
+            tool = data.get("tool")
+            if isinstance(tool, dict) and "ddpdoctor" in tool:
                 return pyproject
     return None
 
@@ -163,15 +170,29 @@ def load_settings(path: Optional[Path]) -> Settings:
     if path is None:
         return Settings()
     try:
-        data = tomllib.loads(path.read_text(encoding="utf-8"))
+        data = tomllib.loads(path.read_bytes().decode("utf-8"))
     except tomllib.TOMLDecodeError as error:
         raise ConfigError(f"{path}: invalid TOML: {error}") from None
+    except UnicodeDecodeError:
+        raise ConfigError(f"{path}: not UTF-8 (TOML files must be UTF-8)") from None
     except OSError as error:
-        raise ConfigError(f"{path}: cannot read: {error.strerror}") from None
-    table = data if path.name == "ddpdoctor.toml" else data.get("tool", {}).get("ddpdoctor", {})
-    if path.name == "ddpdoctor.toml" and "tool" in table and "ddpdoctor" in table["tool"]:
-        table = table["tool"]["ddpdoctor"]
+        raise ConfigError(f"{path}: cannot read: {error.strerror or error}") from None
+    if path.name == "ddpdoctor.toml":
+        nested = data.get("tool")
+        table: Any = nested["ddpdoctor"] if isinstance(nested, dict) and "ddpdoctor" in nested else data
+    else:
+        tool = data.get("tool", {})
+        if not isinstance(tool, dict):
+            raise ConfigError(f"{path}: 'tool' must be a table")
+        table = tool.get("ddpdoctor", {})
+    if not isinstance(table, dict):
+        raise ConfigError(f"{path}: [tool.ddpdoctor] must be a table of settings, not {_toml_type(table)}")
     return settings_from_table(table, path)
+
+
+def _toml_type(value: Any) -> str:
+    names = {bool: "a boolean", int: "an integer", float: "a number", str: "a string", list: "an array"}
+    return next((name for kind, name in names.items() if isinstance(value, kind)), "a date or time")
 
 
 def settings_from_table(table: Mapping[str, Any], path: Path) -> Settings:

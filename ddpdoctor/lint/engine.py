@@ -51,6 +51,7 @@ class FileResult:
 @dataclass
 class RunResult:
     files: list[FileResult] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)  # e.g. folders that could not be read
 
     @property
     def findings(self) -> list[Finding]:
@@ -313,6 +314,7 @@ def lint_paths(
     if cache is not None:
         cache.save()
     run.files = [slot for slot in slots if slot is not None]
+    run.warnings = list(discovered.warnings)
     return run, discovered.skipped_dirs_without_python
 
 
