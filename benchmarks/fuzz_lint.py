@@ -54,7 +54,15 @@ def lint_one(source: str) -> tuple[bool, list[str], str]:
             findings = lint_source(source, "fuzz.py", ALL).findings
         except BaseException as error:  # noqa: BLE001 - counted, not raised
             return valid, [], f"exception {type(error).__name__}: {error}"
-    return valid, [f"{f.code} {f.message}" for f in findings if f.code == "DDP999"], ""
+    refused = ""
+    if valid and len(source) < 100_000:
+        import libcst
+
+        try:
+            libcst.parse_module(source)
+        except Exception as error:  # noqa: BLE001 - valid Python libcst cannot parse: counted
+            refused = "libcst refused: " + str(error).splitlines()[0][:200]
+    return valid, [f"{f.code} {f.message}" for f in findings if f.code == "DDP999"], refused
 
 
 def main() -> None:
@@ -73,7 +81,7 @@ def main() -> None:
     programs += [mutate(rng.choice(fixtures), rng) for _ in range(args.programs - len(programs))]
     generated_s = time.monotonic() - started
     outcomes = run_tasks(lint_one, programs, args.jobs, args.budget, lambda source, why: (compiles(source), [], why))
-    counts = {"programs": len(programs), "compile_ok": 0, "crashes": 0, "hangs": 0, "exceptions": 0, "ddp999_on_valid": 0, "ddp999_on_invalid": 0}
+    counts = {"programs": len(programs), "compile_ok": 0, "crashes": 0, "hangs": 0, "exceptions": 0, "ddp999_on_valid": 0, "ddp999_on_invalid": 0, "valid_but_libcst_refused": 0}
     args.out.mkdir(parents=True, exist_ok=True)
     for number, (source, (valid, ddp999, trouble)) in enumerate(zip(programs, outcomes)):
         counts["compile_ok"] += valid
@@ -82,9 +90,11 @@ def main() -> None:
             kind = "hangs"
         elif "crashed" in trouble:
             kind = "crashes"
+        elif trouble.startswith("libcst refused"):
+            kind = "valid_but_libcst_refused"
         elif trouble:
             kind = "exceptions"
-        elif ddp999 and valid:
+        if ddp999 and valid:
             kind = "ddp999_on_valid"
         elif ddp999:
             counts["ddp999_on_invalid"] += 1

@@ -178,8 +178,8 @@ def lint(
             click.echo("".join(diffs), nl=False)
             fixable = sum(r.fixed for r in run.files)
             click.echo(f"Would fix {fixable} problem{'s' if fixable != 1 else ''}.", err=True)
-        for error in run.errors:
-            click.echo(f"ddpdoctor: error: {error}", err=True)
+        for message in run.errors:
+            click.echo(f"ddpdoctor: error: {message}", err=True)
         raise click.exceptions.Exit(EXIT_ERROR if run.errors else (EXIT_FINDINGS if diffs and not exit_zero else EXIT_CLEAN))
 
     color = output_format == "text" and use_color(output_file)
@@ -208,8 +208,8 @@ def lint(
     elif report:
         stream = sys.stderr if (use_stdin and fix) else sys.stdout
         _write_text(stream, report if report.endswith("\n") else report + "\n")
-    for error in run.errors:
-        click.echo(f"ddpdoctor: error: {error}", err=True)
+    for message in run.errors:
+        click.echo(f"ddpdoctor: error: {message}", err=True)
     if run.errors:
         raise click.exceptions.Exit(EXIT_ERROR)
     if findings and not exit_zero:

@@ -182,4 +182,8 @@ def _terminate_raises() -> Callable[[], None]:
         raise SystemExit(128 + signum)
 
     previous = signal.signal(signal.SIGTERM, handler)
-    return lambda: signal.signal(signal.SIGTERM, previous)
+
+    def restore() -> None:
+        signal.signal(signal.SIGTERM, previous)
+
+    return restore
