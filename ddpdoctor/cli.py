@@ -8,15 +8,19 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import sys
 from pathlib import Path
-from typing import Any, Callable, Optional, Sequence, TypeVar
+from typing import TYPE_CHECKING, Any, Callable, Optional, Sequence, TypeVar
 
 import click
 
 from ddpdoctor import __version__
 from ddpdoctor.catalog import CatalogError, load_catalog, rule_info
 from ddpdoctor.terminal import use_color
+
+if TYPE_CHECKING:
+    from ddpdoctor.lint.engine import FileResult
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -79,6 +83,7 @@ def main() -> None:
 @click.option("--world-size", type=click.IntRange(min=1), default=None, help="Processes/GPUs the script runs with (for rules that need it).")
 @click.option("--fix", is_flag=True, help="Apply safe fixes in place.")
 @click.option("--diff", is_flag=True, help="Show the fixes as a diff instead of writing them.")
+@click.option("--unsafe-fixes", is_flag=True, help="With --fix/--diff, also apply fixes that may change behaviour beyond the finding.")
 @click.option("--stdin-filename", help="The name to report for '-' (standard input), also used for per-file-ignores.")
 @click.option("--config", "config_file", type=click.Path(exists=True, dir_okay=False), help="Use this ddpdoctor.toml/pyproject.toml.")
 @click.option("-q", "--quiet", is_flag=True, help="Print findings only; nothing when clean.")
@@ -96,6 +101,7 @@ def lint(
     world_size: Optional[int],
     fix: bool,
     diff: bool,
+    unsafe_fixes: bool,
     stdin_filename: Optional[str],
     config_file: Optional[str],
     quiet: bool,
@@ -103,7 +109,7 @@ def lint(
     """Lint training scripts (files, folders, or '-' for standard input)."""
     from ddpdoctor.config import ConfigError, find_config, load_settings, split_codes
     from ddpdoctor.lint import fixes as fixing
-    from ddpdoctor.lint.engine import RunResult, lint_bytes, lint_paths, read_text_for_frames
+    from ddpdoctor.lint.engine import RunResult, file_limits, lint_bytes, lint_paths, read_text_for_frames
     from ddpdoctor.lint.files import PathError
     from ddpdoctor.report import ReportContext, render
 
@@ -139,14 +145,20 @@ def lint(
         name = stdin_filename or "<stdin>"
         data = sys.stdin.buffer.read()
         codes = settings.codes_for(name, enabled)
-        run.files = [lint_bytes(data, name, codes, settings.world_size, fix=do_fix)]
+        run.files = [
+            lint_bytes(data, name, codes, settings.world_size, do_fix, unsafe_fixes, file_limits(settings))
+        ]
     else:
         try:
-            run, empty_dirs = lint_paths(paths, settings, jobs=jobs, use_cache=not no_cache, fix=do_fix)
+            run, empty_dirs = lint_paths(
+                paths, settings, jobs=jobs, use_cache=not no_cache, fix=do_fix, unsafe_fixes=unsafe_fixes
+            )
         except PathError as error:
             raise fail(str(error)) from None
     for directory in empty_dirs:
         click.echo(f"ddpdoctor: warning: no Python files found in {directory}", err=True)
+    for warning in run.warnings:
+        click.echo(f"ddpdoctor: warning: {warning}", err=True)
 
     diffs: list[str] = []
     for result in run.files:
@@ -158,8 +170,7 @@ def lint(
         elif use_stdin:
             sys.stdout.write(result.fixed_source)
         else:
-            data = _encode_like(result.path, result.fixed_source)
-            fixing.atomic_write(result.path, data)
+            _write_fix(result)
 
     findings = run.findings
     if diff:
@@ -167,8 +178,8 @@ def lint(
             click.echo("".join(diffs), nl=False)
             fixable = sum(r.fixed for r in run.files)
             click.echo(f"Would fix {fixable} problem{'s' if fixable != 1 else ''}.", err=True)
-        for error in run.errors:
-            click.echo(f"ddpdoctor: error: {error}", err=True)
+        for message in run.errors:
+            click.echo(f"ddpdoctor: error: {message}", err=True)
         raise click.exceptions.Exit(EXIT_ERROR if run.errors else (EXIT_FINDINGS if diffs and not exit_zero else EXIT_CLEAN))
 
     color = output_format == "text" and use_color(output_file)
@@ -188,32 +199,61 @@ def lint(
         fixed=run.fixed,
         quiet=quiet or (use_stdin and fix),
     )
-    report = render(findings, output_format, context)
+    report = _undecodable_names_escaped(render(findings, output_format, context), output_format)
     if output_file:
-        Path(output_file).write_text(report, encoding="utf-8")
-    elif report and not (use_stdin and fix):
-        click.echo(report, nl=not report.endswith("\n"))
-    elif use_stdin and fix and report:
-        click.echo(report, err=True, nl=not report.endswith("\n"))
-    for error in run.errors:
-        click.echo(f"ddpdoctor: error: {error}", err=True)
+        try:
+            Path(output_file).write_bytes(report.encode("utf-8", "surrogateescape"))
+        except OSError as error:
+            raise fail(f"cannot write the report to {output_file}: {error.strerror or error}") from None
+    elif report:
+        stream = sys.stderr if (use_stdin and fix) else sys.stdout
+        _write_text(stream, report if report.endswith("\n") else report + "\n")
+    for message in run.errors:
+        click.echo(f"ddpdoctor: error: {message}", err=True)
     if run.errors:
         raise click.exceptions.Exit(EXIT_ERROR)
     if findings and not exit_zero:
         raise click.exceptions.Exit(EXIT_FINDINGS)
 
 
-def _encode_like(path: str, text: str) -> bytes:
-    """Encode fixed text the way the original file was encoded (coding cookie, BOM)."""
-    import tokenize
-    from io import BytesIO
+def _undecodable_names_escaped(report: str, output_format: str) -> str:
+    """File names that are not valid UTF-8 reach us with their bytes as lone surrogates (PEP 383).
+    JSON and SARIF must stay valid UTF-8: there they become `\\udcXX` escapes (which json.loads
+    and os.fsencode turn back into the name's bytes); text and GitHub output get the raw bytes, as
+    `ls` prints them."""
+    if output_format in ("json", "sarif"):
+        return re.sub("[\udc80-\udcff]", lambda match: f"\\u{ord(match.group()):04x}", report)
+    return report
 
-    with open(path, "rb") as handle:
-        original = handle.read()
-    encoding, _ = tokenize.detect_encoding(BytesIO(original).readline)
-    if encoding == "utf-8-sig":
-        return b"\xef\xbb\xbf" + text.encode("utf-8")
-    return text.encode(encoding)
+
+def _write_text(stream: Any, text: str) -> None:
+    buffer = getattr(stream, "buffer", None)
+    if buffer is None:  # a test runner's text stream
+        stream.write(text)
+        return
+    stream.flush()
+    buffer.write(text.encode(stream.encoding or "utf-8", "surrogateescape"))
+    buffer.flush()
+
+
+def _write_fix(result: "FileResult") -> None:
+    """Write one fixed file; a file that cannot be written safely is an error for that file alone
+    (its findings stay reported as not fixed), never the end of the run."""
+    from ddpdoctor.lint.engine import decode
+    from ddpdoctor.lint.safe_write import WriteError, encode_like, write_fixed
+
+    assert result.source is not None and result.fixed_source is not None
+    fixed_source, linted = result.fixed_source, result.source
+    try:
+        write_fixed(
+            result.path,
+            still_current=lambda data: decode(data, result.path) == linted,
+            render=lambda original: encode_like(original, fixed_source),
+        )
+    except WriteError as error:
+        result.error = str(error)
+        result.findings = result.findings_before_fix
+        result.fixed = 0
 
 
 # ------------------------------------------------------------------------------------ rules/explain

@@ -22,7 +22,9 @@ else:  # pragma: no cover - exercised only on 3.9/3.10
 
 from ddpdoctor.catalog import RuleInfo, load_catalog
 
-KNOWN_KEYS = frozenset({"select", "ignore", "extend-select", "exclude", "per-file-ignores", "world-size"})
+KNOWN_KEYS = frozenset(
+    {"select", "ignore", "extend-select", "exclude", "per-file-ignores", "world-size", "max-file-size", "file-timeout"}
+)
 
 
 class ConfigError(Exception):
@@ -37,6 +39,8 @@ class Settings:
     exclude: tuple[str, ...] = ()
     per_file_ignores: tuple[tuple[str, tuple[str, ...]], ...] = ()
     world_size: Optional[int] = None
+    max_file_mb: Optional[float] = None  # larger files are not analysed (DDP999); None: the default
+    file_timeout_s: Optional[float] = None  # the time budget per file; None: the default
     root: Optional[Path] = None  # directory of the config file (patterns are relative to it)
     config_path: Optional[Path] = None
 
@@ -86,6 +90,7 @@ class Settings:
             "extend_select": self.extend_select,
             "per_file_ignores": self.per_file_ignores,
             "world_size": self.world_size,
+            "max_file_mb": self.max_file_mb,
         }
         return hashlib.sha256(json.dumps(data, sort_keys=True, default=list).encode()).hexdigest()[:16]
 
@@ -140,16 +145,23 @@ def find_config(start: Path) -> Optional[Path]:
         pyproject = candidate_dir / "pyproject.toml"
         if pyproject.is_file():
             try:
-                text = pyproject.read_text(encoding="utf-8")
-            except (OSError, UnicodeDecodeError):
+                raw = pyproject.read_bytes()
+            except OSError:
                 continue
+            try:
+                text = raw.decode("utf-8")
+            except UnicodeDecodeError:
+                if b"tool.ddpdoctor" in raw:
+                    raise ConfigError(f"{pyproject}: not UTF-8 (TOML files must be UTF-8)") from None
+                continue  # someone else's pyproject, and not ours to judge
             try:
                 data = tomllib.loads(text)
             except tomllib.TOMLDecodeError as error:
                 if "tool.ddpdoctor" in text:
                     raise ConfigError(f"{pyproject}: invalid TOML: {error}") from None
                 continue  # someone else's broken pyproject is not ours to judge
-            if "ddpdoctor" in data.get("tool", {}):
+            tool = data.get("tool")
+            if isinstance(tool, dict) and "ddpdoctor" in tool:
                 return pyproject
     return None
 
@@ -158,15 +170,29 @@ def load_settings(path: Optional[Path]) -> Settings:
     if path is None:
         return Settings()
     try:
-        data = tomllib.loads(path.read_text(encoding="utf-8"))
+        data = tomllib.loads(path.read_bytes().decode("utf-8"))
     except tomllib.TOMLDecodeError as error:
         raise ConfigError(f"{path}: invalid TOML: {error}") from None
+    except UnicodeDecodeError:
+        raise ConfigError(f"{path}: not UTF-8 (TOML files must be UTF-8)") from None
     except OSError as error:
-        raise ConfigError(f"{path}: cannot read: {error.strerror}") from None
-    table = data if path.name == "ddpdoctor.toml" else data.get("tool", {}).get("ddpdoctor", {})
-    if path.name == "ddpdoctor.toml" and "tool" in table and "ddpdoctor" in table["tool"]:
-        table = table["tool"]["ddpdoctor"]
+        raise ConfigError(f"{path}: cannot read: {error.strerror or error}") from None
+    if path.name == "ddpdoctor.toml":
+        nested = data.get("tool")
+        table: Any = nested["ddpdoctor"] if isinstance(nested, dict) and "ddpdoctor" in nested else data
+    else:
+        tool = data.get("tool", {})
+        if not isinstance(tool, dict):
+            raise ConfigError(f"{path}: 'tool' must be a table")
+        table = tool.get("ddpdoctor", {})
+    if not isinstance(table, dict):
+        raise ConfigError(f"{path}: [tool.ddpdoctor] must be a table of settings, not {_toml_type(table)}")
     return settings_from_table(table, path)
+
+
+def _toml_type(value: Any) -> str:
+    names = {bool: "a boolean", int: "an integer", float: "a number", str: "a string", list: "an array"}
+    return next((name for kind, name in names.items() if isinstance(value, kind)), "a date or time")
 
 
 def settings_from_table(table: Mapping[str, Any], path: Path) -> Settings:
@@ -201,6 +227,8 @@ def settings_from_table(table: Mapping[str, Any], path: Path) -> Settings:
     if world_size is not None and (not isinstance(world_size, int) or isinstance(world_size, bool) or world_size < 1):
         raise ConfigError(f"{path}: 'world-size' must be a positive integer")
     return Settings(
+        max_file_mb=_positive_number(table, "max-file-size", path, "a size in MB"),
+        file_timeout_s=_positive_number(table, "file-timeout", path, "a number of seconds"),
         select=code_list("select"),
         ignore=code_list("ignore") or (),
         extend_select=code_list("extend-select") or (),
@@ -210,3 +238,12 @@ def settings_from_table(table: Mapping[str, Any], path: Path) -> Settings:
         root=path.parent.resolve(),
         config_path=path,
     )
+
+
+def _positive_number(table: Mapping[str, Any], key: str, path: Path, what: str) -> Optional[float]:
+    value = table.get(key)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < float("inf"):
+        raise ConfigError(f"{path}: '{key}' must be a positive number ({what})")
+    return float(value)

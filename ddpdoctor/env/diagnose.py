@@ -284,6 +284,76 @@ def _software_and_launch(
             )
 
     findings.extend(_socket_ifname(report))
+    findings.extend(_launch_variables(env))
+    return findings
+
+
+# What a launcher (torchrun, torch.distributed.launch, mpirun wrappers) sets for each rank.
+RANK_VARIABLES = ("RANK", "LOCAL_RANK", "GROUP_RANK")
+SIZE_VARIABLES = ("WORLD_SIZE", "LOCAL_WORLD_SIZE")
+
+
+def _launch_variables(env: dict[str, str]) -> list[Finding]:
+    """The rank/size variables torch.distributed's env:// rendezvous and scripts read: each an
+    integer (ranks from 0, sizes from 1), and together consistent."""
+    findings: list[Finding] = []
+    values: dict[str, int] = {}
+    for variable in RANK_VARIABLES + SIZE_VARIABLES:
+        raw = env.get(variable)
+        if raw is None:
+            continue
+        least = 1 if variable in SIZE_VARIABLES else 0
+        number = _int(raw.strip())
+        if number is None or number < least:
+            kind = "a positive integer" if least else "an integer from 0"
+            findings.append(
+                make_finding(
+                    "ENV015",
+                    f"{variable}={raw!r} is not {kind}: int(os.environ[{variable!r}]) raises or "
+                    "init_process_group(init_method='env://') fails on every rank",
+                    details={"variable": variable, "value": raw},
+                )
+            )
+        else:
+            values[variable] = number
+    for rank, size in (("RANK", "WORLD_SIZE"), ("LOCAL_RANK", "LOCAL_WORLD_SIZE")):
+        if rank in values and size in values and values[rank] >= values[size]:
+            findings.append(
+                make_finding(
+                    "ENV016",
+                    f"{rank}={values[rank]} is not below {size}={values[size]}: ranks count from 0 "
+                    "to size - 1, so the rendezvous waits for a rank that never comes",
+                    details={rank: values[rank], size: values[size]},
+                )
+            )
+    if values.get("LOCAL_WORLD_SIZE", 0) > values.get("WORLD_SIZE", 1 << 62):
+        findings.append(
+            make_finding(
+                "ENV016",
+                f"LOCAL_WORLD_SIZE={values['LOCAL_WORLD_SIZE']} is larger than "
+                f"WORLD_SIZE={values['WORLD_SIZE']}: one node cannot hold more ranks than the job",
+                details={"LOCAL_WORLD_SIZE": values["LOCAL_WORLD_SIZE"], "WORLD_SIZE": values["WORLD_SIZE"]},
+            )
+        )
+    if values.get("LOCAL_RANK", -1) > values.get("RANK", 1 << 62):
+        findings.append(
+            make_finding(
+                "ENV016",
+                f"LOCAL_RANK={values['LOCAL_RANK']} is larger than RANK={values['RANK']}: a rank's "
+                "place on its node cannot exceed its place in the job",
+                details={"LOCAL_RANK": values["LOCAL_RANK"], "RANK": values["RANK"]},
+            )
+        )
+    if "RANK" in env and "LOCAL_RANK" not in env:
+        findings.append(
+            make_finding(
+                "ENV017",
+                f"RANK={env['RANK']} is set but LOCAL_RANK is not: scripts that pick their GPU "
+                "with int(os.environ['LOCAL_RANK']) fail, and those that default it to 0 put every "
+                "rank of this node on GPU 0; launch with torchrun, or set LOCAL_RANK per rank",
+                details={"RANK": env["RANK"]},
+            )
+        )
     return findings
 
 

@@ -2,7 +2,8 @@
 
 One JSON file per (version, configuration) in `.ddpdoctor_cache/` next to the configuration (or in
 the working directory): path -> [content hash, findings]. Loaded once, written once, atomically.
-A corrupt or unreadable cache is ignored, never an error.
+A corrupt or unreadable cache is ignored, never an error; every entry is validated when read (its
+shape, codes the run selected, lines inside the file) and anything off is a miss.
 """
 
 from __future__ import annotations
@@ -14,10 +15,13 @@ from pathlib import Path
 from typing import Any, Callable, Optional
 
 from ddpdoctor import __version__
+from ddpdoctor.catalog import rule_info
 from ddpdoctor.findings import Finding
-from ddpdoctor.lint.fixes import atomic_write
+from ddpdoctor.lint.files import read_regular
+from ddpdoctor.lint.safe_write import atomic_write
 
 CACHE_DIR_NAME = ".ddpdoctor_cache"
+MAX_CACHE_BYTES = 256 * 1024 * 1024
 
 
 def content_hash(data: bytes) -> str:
@@ -31,29 +35,41 @@ class ResultCache:
         self.entries: dict[str, list[Any]] = {}
         self.dirty = False
         try:
-            loaded = json.loads(self.file.read_text(encoding="utf-8"))
+            data = read_regular(str(self.file), MAX_CACHE_BYTES)
+            loaded = json.loads(data.decode("utf-8")) if data is not None else None
             if isinstance(loaded, dict):
                 self.entries = loaded
-        except (OSError, ValueError):
-            pass
+        except (OSError, ValueError, RecursionError):
+            pass  # missing, a FIFO, not UTF-8, not JSON, nested too deeply: start afresh
 
     def get(
-        self, path: str, digest: str, unchanged: Optional[Callable[[Path, Optional[str]], bool]] = None
+        self,
+        path: str,
+        digest: str,
+        codes: frozenset[str],
+        lines: int,
+        unchanged: Optional[Callable[[Path, Optional[str]], bool]] = None,
     ) -> Optional[list[Finding]]:
-        """The cached findings, if `digest` matches and every project module the analysis read is
-        still as it was (`unchanged(path, state)`, as ProjectSources.unchanged)."""
+        """The cached findings, or None (a miss) unless the entry is exactly what we write, its
+        `digest` matches and every project module the analysis read is still as it was
+        (`unchanged(path, state)`, as ProjectSources.unchanged)."""
         entry = self.entries.get(os.path.abspath(path))
-        if not entry or entry[0] != digest:
+        if not isinstance(entry, list) or len(entry) != 3 or entry[0] != digest or not isinstance(entry[1], list):
             return None
-        depends = entry[2] if len(entry) > 2 else {}
-        if not isinstance(depends, dict):
+        depends = entry[2]
+        if not isinstance(depends, dict) or not all(
+            isinstance(p, str) and (state is None or isinstance(state, str)) for p, state in depends.items()
+        ):
             return None
         if depends and (unchanged is None or not all(unchanged(Path(p), state) for p, state in depends.items())):
             return None
         try:
-            return [Finding.from_dict(d) for d in entry[1]]
-        except (KeyError, TypeError, ValueError):
+            findings = [Finding.from_dict(d) for d in entry[1]]
+        except (KeyError, TypeError, ValueError, AttributeError, RecursionError):
             return None
+        if not all(_plausible(f, codes, lines) for f in findings):
+            return None
+        return findings
 
     def put(
         self, path: str, digest: str, findings: list[Finding], depends: Optional[dict[str, Optional[str]]] = None
@@ -67,8 +83,26 @@ class ResultCache:
         try:
             self.directory.mkdir(exist_ok=True)
             gitignore = self.directory / ".gitignore"
-            if not gitignore.exists():
+            if not os.path.lexists(gitignore):  # whatever is there (even a FIFO) is left alone
                 gitignore.write_text("# Created by ddpdoctor\n*\n", encoding="utf-8")
             atomic_write(str(self.file), json.dumps(self.entries).encode("utf-8"))
         except OSError:
             pass  # a read-only checkout still lints; it just is not cached
+
+
+def _plausible(finding: Finding, codes: frozenset[str], lines: int) -> bool:
+    """A finding this run could have produced for a file of `lines` lines."""
+    numbers = (finding.line, finding.column, finding.end_line, finding.end_column)
+    if not all(isinstance(n, int) and not isinstance(n, bool) and n >= 1 for n in numbers):
+        return False
+    if not (finding.line <= finding.end_line <= lines) or not isinstance(finding.message, str):
+        return False
+    info = rule_info(finding.code) if isinstance(finding.code, str) else None
+    if info is None or finding.code not in codes or finding.name != info.name:
+        return False
+    for edit in finding.fix.edits if finding.fix else ():
+        if not all(isinstance(n, int) and n >= 1 for n in (edit.line, edit.column, edit.end_line, edit.end_column)):
+            return False
+        if edit.end_line > lines + 1 or not isinstance(edit.content, str):
+            return False
+    return True

@@ -10,7 +10,6 @@ import ast
 import dataclasses
 import os
 import tokenize
-from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from io import BytesIO
 from pathlib import Path
@@ -22,15 +21,16 @@ from ddpdoctor.catalog import rule_info
 from ddpdoctor.config import Settings
 from ddpdoctor.findings import Finding, Severity
 from ddpdoctor.lint import fixes as fixing
+from ddpdoctor.lint import isolation
+from ddpdoctor.lint.analysis import ModuleModel, build_analysis
 from ddpdoctor.lint.analysis.imports import ProjectSources
 from ddpdoctor.lint.cache import ResultCache, content_hash
-from ddpdoctor.lint.analysis import ModuleModel, build_analysis
-from ddpdoctor.lint.files import discover
+from ddpdoctor.lint.files import discover, read_regular
+from ddpdoctor.lint.workers import run_tasks
 from ddpdoctor.lint.rules.base import Rule, all_rules
 from ddpdoctor.lint.suppress import apply_suppressions
 
 PARSE_ERROR_CODE = "DDP999"
-MAX_FIX_ROUNDS = 8
 # Below this many files, worker start-up costs more than it saves.
 PARALLEL_THRESHOLD = 16
 
@@ -42,16 +42,19 @@ class FileResult:
     source: Optional[str] = None  # the decoded text (for code frames); None when not read as text
     fixed_source: Optional[str] = None  # set by --fix/--diff when fixes changed the file
     fixed: int = 0
+    findings_before_fix: list[Finding] = field(default_factory=list)  # reported if the write fails
     error: Optional[str] = None  # an I/O problem with this file (reported, exit 2)
     cached: bool = False
     parsed: bool = False
     # The project modules its analysis read (path -> state, as ProjectSources.dependencies()).
     depends: dict[str, Optional[str]] = field(default_factory=dict)
+    transient: bool = False  # given up for a reason that may pass (a time budget): never cached
 
 
 @dataclass
 class RunResult:
     files: list[FileResult] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)  # e.g. folders that could not be read
 
     @property
     def findings(self) -> list[Finding]:
@@ -129,12 +132,14 @@ def lint_text(
 
     With a `project`, the analysis may read the project modules this file imports; findings are
     kept for this file only, and what was read is in `project.dependencies()` (the caller's scope)."""
+    deep = isolation.too_deep(text, path)
+    if deep is not None:
+        return [_parse_error(path, deep[0], deep[1])], True
     try:
         module = cst.parse_module(text)
     except cst.ParserSyntaxError as error:
-        return [_syntax_error_finding(text, path, error)], True
-    except (RecursionError, MemoryError):
-        return [_parse_error(path, "cannot parse: the file is nested too deeply")], True
+        refused = _syntax_error_finding(text, path, error)
+        return ([refused] if refused else []), refused is not None
     if project is not None and data is not None:
         project.provide(Path(path), data, module)
     model = _analyse(module, path, world_size, project)
@@ -151,11 +156,15 @@ def _analyse(
     return build_analysis(module, path, world_size=world_size, project=project)
 
 
-def _syntax_error_finding(text: str, path: str, error: cst.ParserSyntaxError) -> Finding:
+def _syntax_error_finding(text: str, path: str, error: cst.ParserSyntaxError) -> Optional[Finding]:
     """libcst's parser reports where its grammar gave up, which can be a line late; CPython's
-    compiler names the offending token. Only compiled (never executed), and only on failure."""
+    compiler names the offending token. Only compiled (never executed), and only on failure.
+
+    None when CPython accepts what libcst refused (libcst's grammar and tokenizer lag CPython's in
+    a few corners): the file is valid Python, so it gets no DDP999, only no findings."""
     try:
         compile(text, path, "exec", flags=ast.PyCF_ONLY_AST, dont_inherit=True)
+        return None
     except SyntaxError as python_error:
         if python_error.lineno:
             return _parse_error(
@@ -179,6 +188,36 @@ def lint_bytes(
     world_size: Optional[int] = None,
     fix: bool = False,
     project: Optional[ProjectSources] = None,
+    unsafe_fixes: bool = False,
+    limits: Optional[isolation.Limits] = None,
+) -> FileResult:
+    """Lint one file's bytes. Never raises: whatever goes wrong is a DDP999 finding for this file."""
+    limits = limits or isolation.Limits()
+    reason = limits.too_large(len(data))
+    if reason is None:
+        try:
+            return isolation.contain(
+                lambda: _lint_bytes(data, path, codes, world_size, fix, project, unsafe_fixes), limits.timeout_s
+            )
+        except isolation.AnalysisFailed as failed:
+            return given_up(path, codes, str(failed), failed.transient)
+    return given_up(path, codes, reason)
+
+
+def given_up(path: str, codes: frozenset[str], reason: str, transient: bool = False) -> FileResult:
+    """The result for a file whose analysis was given up (too large, too deep, too slow, a bug)."""
+    findings = [_parse_error(path, reason)] if PARSE_ERROR_CODE in codes else []
+    return FileResult(path, findings, transient=transient)
+
+
+def _lint_bytes(
+    data: bytes,
+    path: str,
+    codes: frozenset[str],
+    world_size: Optional[int],
+    fix: bool,
+    project: Optional[ProjectSources],
+    unsafe_fixes: bool,
 ) -> FileResult:
     decoded = decode(data, path)
     if isinstance(decoded, Finding):
@@ -200,32 +239,19 @@ def lint_bytes(
     findings = [f for f in findings if f.code in codes]
     result = FileResult(path, findings, source=text, parsed=parsed, depends=depends)
     if fix:
-        # Fix rounds re-lint with every selected rule: a fix may add text another rule cares about.
-        _fix_rounds(result, selected, codes, world_size)
+        # Fixes are re-linted with every selected rule: a fix may add text another rule cares about.
+        # With the same project as the first lint, so a finding is judged the same way before and after.
+        def relint(new: str) -> list[Finding]:
+            if project is None:
+                return [f for f in lint_text(new, path, selected, world_size)[0] if f.code in codes]
+            with project.scope():
+                return [f for f in lint_text(new, path, selected, world_size, project)[0] if f.code in codes]
+
+        fixed_source, remaining, count = fixing.fix_rounds(text, findings, relint, unsafe_fixes)
+        if count:
+            result.findings_before_fix = result.findings
+            result.fixed_source, result.findings, result.fixed = fixed_source, remaining, count
     return result
-
-
-def _fix_rounds(result: FileResult, rules: Sequence[type[Rule]], codes: frozenset[str], world_size: Optional[int]) -> None:
-    assert result.source is not None
-    current = result.source
-    findings = result.findings
-    total = 0
-    for _ in range(MAX_FIX_ROUNDS):
-        new, applied = fixing.apply_fixes(current, findings)
-        if applied == 0 or new == current:
-            break
-        try:
-            fixing.verify(new)
-        except fixing.FixError as error:
-            result.error = f"{result.path}: {error}"
-            break
-        current, total = new, total + applied
-        findings, _ = lint_text(current, result.path, rules, world_size)
-        findings = [f for f in findings if f.code in codes]
-    if total:
-        result.fixed_source = current
-        result.fixed = total
-        result.findings = findings
 
 
 def lint_source(
@@ -233,15 +259,16 @@ def lint_source(
     path: str = "<stdin>",
     settings: Optional[Settings] = None,
     fix: bool = False,
+    unsafe_fixes: bool = False,
 ) -> FileResult:
     """Lint one in-memory source (the public API, also used for stdin)."""
     settings = settings or Settings()
     data = source.encode("utf-8") if isinstance(source, str) else source
     codes = settings.codes_for(path, settings.enabled_codes())
-    return lint_bytes(data, path, codes, settings.world_size, fix)
+    return lint_bytes(data, path, codes, settings.world_size, fix, unsafe_fixes=unsafe_fixes)
 
 
-# One per worker process and run (set by the pool's initializer, or by lint_paths when serial).
+# One per worker process and run (set by lint_paths before it forks its workers, or when serial).
 _project: Optional[ProjectSources] = None
 
 
@@ -250,14 +277,18 @@ def _start_run(roots: tuple[Path, ...]) -> None:
     _project = ProjectSources(roots)
 
 
-def _lint_file_task(args: tuple[str, frozenset[str], Optional[int], bool]) -> FileResult:
-    path, codes, world_size, fix = args
+Task = tuple[str, frozenset[str], Optional[int], bool, bool, isolation.Limits]
+
+
+def _lint_file_task(args: Task) -> FileResult:
+    path, codes, world_size, fix, unsafe_fixes, limits = args
     try:
-        with open(path, "rb") as handle:
-            data = handle.read()
+        data = read_regular(path, limits.max_bytes)
     except OSError as error:
         return FileResult(path, [], error=f"{path}: cannot read: {error.strerror}")
-    result = lint_bytes(data, path, codes, world_size, fix, _project)
+    if data is None:
+        return given_up(path, codes, limits.too_large(limits.max_bytes + 1) or "too large")
+    result = lint_bytes(data, path, codes, world_size, fix, _project, unsafe_fixes, limits)
     if not fix:
         result.source = None  # the parent re-reads only files with findings, for code frames
     return result
@@ -270,6 +301,7 @@ def lint_paths(
     use_cache: bool = True,
     fix: bool = False,
     cache_root: Optional[Path] = None,
+    unsafe_fixes: bool = False,
 ) -> tuple[RunResult, list[str]]:
     """Lint files and folders. Returns the results and the folders that held no Python file."""
     discovered = discover(paths, settings)
@@ -281,54 +313,76 @@ def lint_paths(
         cache = ResultCache(root, settings.fingerprint() + "-" + content_hash(",".join(sorted(enabled)).encode())[:8])
 
     run = RunResult()
-    pending: list[tuple[int, tuple[str, frozenset[str], Optional[int], bool]]] = []
+    limits = file_limits(settings)
+    pending: list[tuple[int, Task]] = []
     slots: list[Optional[FileResult]] = []
     digests: dict[int, str] = {}
     for index, path in enumerate(discovered.files):
         codes = settings.codes_for(path, enabled)
         if cache is not None:
             try:
-                with open(path, "rb") as handle:
-                    digest = content_hash(handle.read())
+                data = read_regular(path, limits.max_bytes)
             except OSError as error:
                 slots.append(FileResult(path, [], error=f"{path}: cannot read: {error.strerror}"))
                 continue
-            cached = cache.get(path, digest + ":" + ",".join(sorted(codes)), project.unchanged)
-            if cached is not None:
-                slots.append(FileResult(path, [dataclasses.replace(f, path=path) for f in cached], cached=True))
-                continue
-            digests[index] = digest + ":" + ",".join(sorted(codes))
+            if data is not None:
+                key = content_hash(data) + ":" + ",".join(sorted(codes))
+                cached = cache.get(path, key, codes, line_count(data), project.unchanged)
+                if cached is not None:
+                    slots.append(FileResult(path, [dataclasses.replace(f, path=path) for f in cached], cached=True))
+                    continue
+                digests[index] = key
         slots.append(None)
-        pending.append((index, (path, codes, settings.world_size, fix)))
+        pending.append((index, (path, codes, settings.world_size, fix, unsafe_fixes, limits)))
 
     workers = jobs if jobs and jobs > 0 else (os.cpu_count() or 1)
-    if workers > 1 and len(pending) >= PARALLEL_THRESHOLD:
-        with ProcessPoolExecutor(
-            max_workers=min(workers, len(pending)), initializer=_start_run, initargs=(project.roots,)
-        ) as pool:
-            chunk = max(1, len(pending) // (workers * 8))
-            outcomes = list(pool.map(_lint_file_task, [task for _, task in pending], chunksize=chunk))
-    else:
-        _start_run(project.roots)
-        try:
+    # Forked workers inherit this run's (empty) ProjectSources; a serial run uses it directly.
+    _start_run(project.roots)
+    try:
+        if workers > 1 and len(pending) >= PARALLEL_THRESHOLD:
+            outcomes = run_tasks(
+                _lint_file_task,
+                [task for _, task in pending],
+                workers,
+                limits.timeout_s,
+                lambda task, reason: given_up(task[0], task[1], reason, transient=True),
+                limits.max_bytes,
+            )
+        else:
             outcomes = [_lint_file_task(task) for _, task in pending]
-        finally:
-            _start_run(())  # drop this run's modules: the next run must not see stale ones
+    finally:
+        _start_run(())  # drop this run's modules: the next run must not see stale ones
     for (index, _), outcome in zip(pending, outcomes):
         slots[index] = outcome
-        if cache is not None and outcome.error is None and index in digests:
+        if cache is not None and outcome.error is None and not outcome.transient and index in digests:
             cache.put(outcome.path, digests[index], outcome.findings, outcome.depends)
     if cache is not None:
         cache.save()
     run.files = [slot for slot in slots if slot is not None]
+    run.warnings = list(discovered.warnings)
     return run, discovered.skipped_dirs_without_python
+
+
+def file_limits(settings: Settings) -> isolation.Limits:
+    defaults = isolation.Limits()
+    return isolation.Limits(
+        max_bytes=int(settings.max_file_mb * 1024 * 1024) if settings.max_file_mb else defaults.max_bytes,
+        timeout_s=settings.file_timeout_s or defaults.timeout_s,
+    )
+
+
+def line_count(data: bytes) -> int:
+    """An upper bound of the lines libcst counts ("\r\n", "\r" and "\n" each end one)."""
+    return data.count(b"\n") + data.count(b"\r") + 1
 
 
 def read_text_for_frames(path: str) -> Optional[str]:
     try:
-        with open(path, "rb") as handle:
-            decoded = decode(handle.read(), path)
+        data = read_regular(path, isolation.Limits().max_bytes)
     except OSError:
         return None
+    if data is None:
+        return None
+    decoded = decode(data, path)
     return decoded if isinstance(decoded, str) else None
 

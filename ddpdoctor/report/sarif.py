@@ -36,10 +36,15 @@ def artifact_location(path: str) -> dict[str, str]:
     """
     posix = path.replace(os.sep, "/") if os.sep != "/" else path
     if PurePosixPath(posix).is_absolute():
-        return {"uri": "file://" + quote(posix, safe="/")}
+        return {"uri": "file://" + quote(_name_bytes(posix), safe="/")}
     if _WINDOWS_DRIVE.match(posix):
-        return {"uri": "file:///" + posix[:2] + quote(posix[2:], safe="/")}
-    return {"uri": quote(posix, safe="/"), "uriBaseId": SRCROOT}
+        return {"uri": "file:///" + posix[:2] + quote(_name_bytes(posix[2:]), safe="/")}
+    return {"uri": quote(_name_bytes(posix), safe="/"), "uriBaseId": SRCROOT}
+
+
+def _name_bytes(name: str) -> bytes:
+    # A name that is not valid UTF-8 carries its bytes as lone surrogates: percent-encode those bytes.
+    return name.encode("utf-8", "surrogateescape")
 
 
 def _region(line: int, column: int, end_line: int, end_column: int) -> dict[str, int]:

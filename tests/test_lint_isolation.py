@@ -1,0 +1,197 @@
+"""One bad file never stops the run: deep nesting, huge files, slow files, crashes, killed runs.
+
+Each file below once ended the whole run (exit 2, a segmentation fault, minutes and gigabytes).
+Now each gets a DDP999 with its reason or is analysed like any other file, and the others are
+linted as usual.
+"""
+
+from __future__ import annotations
+
+import faulthandler
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from ddpdoctor.cli import main
+from ddpdoctor.config import Settings
+from ddpdoctor.lint.engine import lint_paths, lint_source
+from ddpdoctor.lint.workers import run_tasks
+
+# Enough for two rules to fire (AMP001 at line 6, DDP011 at line 5): a file analysed to the end
+# shows both, a file given up shows one DDP999.
+HEADER = (
+    "import torch\n"
+    "import torch.distributed as dist\n"
+    "from torch.nn.parallel import DistributedDataParallel as DDP\n"
+    "from torch.utils.data import DistributedSampler\n"
+    "dist.init_process_group('nccl')\n"
+    "scaler = torch.cuda.amp.GradScaler()\n"
+)
+ANALYSED = ["AMP001", "DDP011"]
+ALL = Settings(select=("ALL",))
+
+
+def codes(source: str, settings: Settings = ALL) -> list[str]:
+    return sorted(f.code for f in lint_source(source, "t.py", settings).findings)
+
+
+def messages(source: str, settings: Settings = ALL) -> list[str]:
+    return [f"{f.code} {f.line} {f.message}" for f in lint_source(source, "t.py", settings).findings]
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        "x = " + "[" * 150 + "]" * 150,
+        "x = " + " + ".join(["1"] * 400),
+        "x = " + " + ".join(["'a'"] * 500),
+        "x = " + "(" * 199 + "1" + ")" * 199,
+    ],
+    ids=["150-nested-brackets", "400-term-sum", "500-part-concatenation", "199-nested-parentheses"],
+)
+def test_deep_but_valid_code_is_analysed_like_any_other(body: str) -> None:
+    source = HEADER + body + "\n"
+    compile(source, "t.py", "exec")  # valid Python: it must get findings, not DDP999
+    assert codes(source) == ANALYSED
+
+
+def test_nesting_python_refuses_is_ddp999_not_a_wrong_finding() -> None:
+    source = HEADER + "x = " + "(" * 1000 + "1" + ")" * 1000 + "\n"
+    with pytest.raises(SyntaxError):
+        compile(source, "t.py", "exec")
+    assert messages(source) == ["DDP999 7 too deeply nested for the parser (too many nested parentheses)"]
+
+
+def test_a_6000_link_attribute_chain_is_refused_at_once_not_a_segfault(tmp_path: Path) -> None:
+    """libcst's native parser overflows the C stack on it; CPython's parser refuses it too."""
+    (tmp_path / "chain.py").write_text(HEADER + "x = a" + ".b" * 6000 + "\n")
+    (tmp_path / "other.py").write_text(HEADER)
+    completed = subprocess.run(
+        [sys.executable, "-m", "ddpdoctor", "lint", "--no-cache", "--select", "ALL", "chain.py", "other.py"],
+        cwd=tmp_path, capture_output=True, text=True, timeout=120,
+    )
+    assert completed.returncode == 1, completed.stderr
+    assert "chain.py:1:1: DDP999 too deeply nested for the parser" in completed.stdout
+    assert "other.py:6:10: AMP001" in completed.stdout and "other.py:5:1: DDP011" in completed.stdout
+
+
+def test_a_file_over_the_size_limit_is_skipped_with_ddp999(tmp_path: Path) -> None:
+    (tmp_path / "pyproject.toml").write_text("[tool.ddpdoctor]\nselect = ['ALL']\nmax-file-size = 0.01\n")
+    (tmp_path / "big.py").write_text(HEADER + "x = 1\n" * 3000)  # ~18 KB > 10 KB
+    (tmp_path / "small.py").write_text(HEADER)
+    result = _lint(tmp_path, ["big.py", "small.py"])
+    assert result.exit_code == 1, result.output
+    assert "big.py:1:1: DDP999 larger than 0.01 MB: skipped (see max-file-size)" in result.output
+    assert "small.py:6:10: AMP001" in result.output
+
+
+def test_a_50_mb_file_is_skipped_without_being_read(tmp_path: Path) -> None:
+    big = tmp_path / "huge.py"
+    with open(big, "wb") as handle:
+        handle.write(HEADER.encode())
+        handle.truncate(50 * 1024 * 1024)  # sparse: no 50 MB written to the shared disk
+    (tmp_path / "small.py").write_text(HEADER)
+    run, _ = lint_paths([str(big), str(tmp_path / "small.py")], ALL, use_cache=False)
+    by_file = {Path(r.path).name: [f"{f.code} {f.message}" for f in r.findings] for r in run.files}
+    assert by_file["huge.py"] == ["DDP999 larger than 2 MB: skipped (see max-file-size)"]
+    assert sorted(c.split()[0] for c in by_file["small.py"]) == ANALYSED
+
+
+def test_a_file_past_its_time_budget_gets_ddp999_and_the_run_goes_on(tmp_path: Path) -> None:
+    (tmp_path / "pyproject.toml").write_text("[tool.ddpdoctor]\nselect = ['ALL']\nfile-timeout = 0.2\n")
+    # Valid Python that takes libcst seconds (quadratic in the chain); the others take milliseconds.
+    (tmp_path / "slow.py").write_text(HEADER + ("x = a" + "[0]" * 600 + "\n") * 3)
+    for number in range(3):
+        (tmp_path / f"ok{number}.py").write_text(HEADER)
+    result = _lint(tmp_path, ["."])
+    assert result.exit_code == 1, result.output
+    assert "slow.py:1:1: DDP999 analysis exceeded its time budget (0.2 s)" in result.output
+    for number in range(3):
+        assert f"ok{number}.py:6:10: AMP001" in result.output
+
+
+def test_a_worker_that_crashes_or_hangs_costs_only_its_own_file() -> None:
+    """The pool itself, with real worker processes: a segfault and a hang in native code."""
+    outcomes = run_tasks(_task, ["ok", "segv", "ok", "hang", "ok", "ok"], 2, 0.5, lambda task, why: f"lost: {why}")
+    assert outcomes[0::2] == ["done ok"] * 3 and outcomes[5] == "done ok"
+    assert outcomes[1] == "lost: the analysis crashed (SIGSEGV; out of memory or a parser bug)"
+    assert outcomes[3] == "lost: analysis exceeded its time budget (0.5 s)"
+
+
+def _task(kind: str) -> str:
+    if kind == "segv":
+        faulthandler.disable()  # pytest's handler would print this deliberate crash's stack
+        os.kill(os.getpid(), signal.SIGSEGV)
+    if kind == "hang":
+        time.sleep(600)
+    return f"done {kind}"
+
+
+def _lint(cwd: Path, args: list[str]) -> "object":
+    old = os.getcwd()
+    os.chdir(cwd)
+    try:
+        return CliRunner().invoke(main, ["lint", "--no-cache", *args], catch_exceptions=False)
+    finally:
+        os.chdir(old)
+
+
+# ------------------------------------------------------------------------- workers die with lint
+
+
+def _children(pid: int) -> set[int]:
+    found = set()
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as handle:
+                fields = handle.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == pid:
+            found.add(int(entry))
+    return found
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as handle:
+            return handle.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG and /proc are Linux")
+@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM], ids=["SIGKILL", "SIGTERM"])
+def test_killing_lint_leaves_no_worker_running(tmp_path: Path, sig: signal.Signals) -> None:
+    slow = HEADER + ("x = a" + "[0]" * 500 + "\n") * 4
+    for number in range(20):
+        (tmp_path / f"f{number:02d}.py").write_text(slow)
+    process = subprocess.Popen(
+        [sys.executable, "-m", "ddpdoctor", "lint", "--no-cache", "--select", "ALL", "-j", "2", "."],
+        cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )
+    try:
+        deadline = time.monotonic() + 60
+        workers: set[int] = set()
+        while len(workers) < 2 and time.monotonic() < deadline and process.poll() is None:
+            time.sleep(0.05)
+            workers = _children(process.pid)
+        assert len(workers) >= 2, "the workers never started"
+        process.send_signal(sig)
+        process.wait(timeout=30)
+        deadline = time.monotonic() + 10
+        while any(_alive(pid) for pid in workers) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not [pid for pid in workers if _alive(pid)]
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
