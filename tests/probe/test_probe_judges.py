@@ -11,7 +11,7 @@ import torch.distributed as dist
 
 from ddpdoctor.probe import results as R
 from ddpdoctor.probe.checks import bandwidth, param_sync, world
-from ddpdoctor.probe.launch import LaunchOutcome
+from ddpdoctor.probe.results import LaunchOutcome
 from ddpdoctor.probe.merge import merge
 
 
@@ -40,8 +40,8 @@ def test_world_passes_when_all_agree() -> None:
     assert rec["status"] == R.PASS and "versions agree" in rec["summary"]
 
 
-def _sync_entry(rank: int, h_init: str, h_step: str, d_init: float = 0.0, d_step: float = 1e-8) -> dict[str, Any]:
-    return R.entry(rank, R.PASS, "", hash_init=h_init, hash_step=h_step,
+def _sync_entry(rank: int, h_init: str, h_step: str, d_init: float = 0.0, d_step: float = 1e-8) -> R.RankEntry:
+    return R.entry(rank, R.PASS, "", hash_init=h_init, hash_step=h_step, tolerance_step=1e-6,
                    max_diff_vs_reference_init=d_init, max_diff_vs_reference_step=d_step)
 
 

@@ -10,7 +10,9 @@ from click.testing import CliRunner
 
 from ddpdoctor.probe.command import probe
 from ddpdoctor.probe.devices import select
-from ddpdoctor.probe.options import CHECK_NAMES, FaultSpec, OptionError, ProbeOptions, parse_checks, parse_fault
+from ddpdoctor.probe.faults import FaultError, FaultSpec, parse_fault
+from ddpdoctor.probe.options import OptionError, ProbeOptions, parse_checks
+from ddpdoctor.probe.registry import TORCH, names_for
 from probe_helpers import REPO
 
 
@@ -22,13 +24,13 @@ def test_importing_the_command_does_not_import_torch() -> None:
 def test_parse_fault() -> None:
     assert parse_fault("hang:3") == FaultSpec("hang", 3)
     for bad in ("hang", "explode:1", "crash:x", "crash:-1"):
-        with pytest.raises(OptionError):
+        with pytest.raises(FaultError):
             parse_fault(bad)
 
 
 def test_parse_checks_keeps_canonical_order() -> None:
     assert parse_checks("sampler,world") == ("world", "sampler")
-    assert parse_checks(None) == CHECK_NAMES
+    assert parse_checks(None) == names_for(TORCH)
     with pytest.raises(OptionError, match="unknown check"):
         parse_checks("world,nope")
 
@@ -41,7 +43,14 @@ def test_parse_checks_keeps_canonical_order() -> None:
         (["--nnodes", "2"], "needs --rdzv-endpoint"),
         (["--nnodes", "2", "--node-rank", "2", "--rdzv-endpoint", "127.0.0.1:1"], "--node-rank must be in"),
         (["--rdzv-endpoint", "nohostport"], "HOST:PORT"),
-        (["--timeout", "0"], "--timeout must be > 0"),
+        (["--timeout", "0"], "--timeout must be a finite number of seconds > 0; got 0"),
+        (["--timeout", "nan"], "--timeout must be a finite number of seconds > 0; got nan"),
+        (["--timeout", "inf"], "--timeout must be a finite number of seconds > 0; got inf"),
+        (["--timeout", "-1"], "--timeout must be a finite number of seconds > 0; got -1"),
+        (["--join-timeout", "nan"], "--join-timeout must be a finite number of seconds > 0"),
+        (["--checks", "optimizer-step"], "unknown check(s) optimizer-step for --framework torch"),
+        (["--framework", "horovod", "--checks", "ddp-parity"], "unknown check(s) ddp-parity for --framework horovod"),
+        (["--framework", "horovod", "--nnodes", "2", "--rdzv-endpoint", "127.0.0.1:1"], "horovodrun -np N"),
         (["--nproc", "2", "--inject-fault", "hang:5"], "rank 5 does not exist"),
         (["--checks", "bogus"], "unknown check"),
     ],

@@ -9,21 +9,15 @@ reference, and says so in its result.
 
 from __future__ import annotations
 
-from typing import Any
 
 import torch
 import torch.distributed as dist
 from torch import nn
 
 from ddpdoctor.probe import results as R
-from ddpdoctor.probe.checks.base import Context, default_judge
+from ddpdoctor.probe.checks.base import Context
+from ddpdoctor.probe.registry import plain_judge
 
-NAME = "syncbn"
-ADVICE = (
-    "SyncBatchNorm statistics disagree with the global batch: convert with "
-    "nn.SyncBatchNorm.convert_sync_batchnorm(model) before wrapping in DDP, run it on CUDA, and check "
-    "that all ranks call forward the same number of times (a rank skipping a batch desyncs the stats)."
-)
 C, PER_RANK = 5, 4
 TOL = 1e-9
 
@@ -86,7 +80,7 @@ def _real_sync(x: torch.Tensor, g: torch.Tensor, ctx: Context) -> tuple[torch.Te
     return out.detach(), bn.running_mean.detach(), bn.running_var.detach(), xr.grad.detach()
 
 
-def run(ctx: Context) -> dict[str, Any]:
+def run(ctx: Context) -> R.RankEntry:
     x_all, g_all = _data(ctx.world_size, ctx.device)
     shard = slice(PER_RANK * ctx.rank, PER_RANK * (ctx.rank + 1))
     ref_out, ref_bn, ref_grad = _reference(x_all, g_all, ctx.device)
@@ -109,8 +103,8 @@ def run(ctx: Context) -> dict[str, Any]:
     return R.entry(ctx.rank, R.PASS, f"checked {what}", checked=what, errors=errors, tolerance=TOL)
 
 
-judge = default_judge(
-    NAME, ADVICE,
+judge = plain_judge(
+    "syncbn",
     lambda entries: f"equals BatchNorm over the global batch (max err {max(max(e['detail']['errors'].values()) for e in entries):.1g}); "
     f"checked {entries[0]['detail']['checked']}",
 )
