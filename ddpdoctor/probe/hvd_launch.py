@@ -41,7 +41,8 @@ def launch_horovod(config: RankConfig, nproc: int, grace_s: float) -> LaunchOutc
     outcome.started_at = time.time()
     chatter = io.StringIO()
     try:
-        with interruptible(outcome), _keep_our_sigint(), contextlib.redirect_stdout(chatter):
+        with interruptible(outcome), _keep_our_sigint(), contextlib.redirect_stdout(chatter), \
+                contextlib.redirect_stderr(chatter):
             horovod_run(
                 horovod_entry, args=(config.to_json(),), num_proc=nproc, hosts=f"localhost:{nproc}",
                 use_gloo=True, network_interfaces=["lo"], disable_cache=True,

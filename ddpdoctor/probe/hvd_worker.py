@@ -42,8 +42,7 @@ def probe_dtypes(hvd: Any) -> dict[str, str]:
             hvd.allreduce(torch.ones(1, dtype=getattr(torch, name)), op=hvd.Sum, name=f"ddpdoctor.support.{name}")
         except Exception as exc:  # noqa: BLE001 -- any refusal means "not supported here"
             text = str(exc).strip().splitlines()
-            unsupported[name] = f"horovod {hvd.__version__ if hasattr(hvd, '__version__') else ''} refused {name} allreduce: " \
-                                f"{type(exc).__name__}: {text[0] if text else ''}"[:200]
+            unsupported[name] = f"Horovod refused {name} allreduce: {type(exc).__name__}: {text[0] if text else ''}"[:200]
     return unsupported
 
 

@@ -35,7 +35,7 @@ class Context:
 def tensor_hash(tensors: "list[torch.Tensor]") -> str:
     digest = hashlib.sha256()
     for t in tensors:
-        digest.update(t.detach().to("cpu").contiguous().view(torch.uint8).numpy().tobytes())
+        digest.update(t.detach().to("cpu").contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
     return digest.hexdigest()[:16]
 
 
