@@ -76,9 +76,21 @@ def kill(pid: int) -> None:
         pass
 
 
+def _resource_tracker_pid() -> Optional[int]:
+    """multiprocessing's resource tracker (Horovod's runner starts one): a helper of this process,
+    not a rank; killing it only makes Python warn at exit."""
+    try:
+        from multiprocessing import resource_tracker
+
+        return getattr(resource_tracker._resource_tracker, "_pid", None)
+    except Exception:  # noqa: BLE001 -- private API; without it, nothing is spared
+        return None
+
+
 def kill_descendants(pid: int) -> None:
+    spare = _resource_tracker_pid()
     for child in descendants(pid):
-        if alive(child):
+        if child != spare and alive(child):
             kill(child)
 
 

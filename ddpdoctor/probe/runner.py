@@ -28,13 +28,11 @@ class Interrupted(Exception):
 
 def horovod_problem() -> Optional[str]:
     """Why Horovod cannot be used here, or None."""
-    import importlib.util
-
-    if importlib.util.find_spec("horovod") is None:
-        return f"Horovod is not installed. {HOROVOD_MISSING}"
     try:
         import horovod.torch  # noqa: F401
-    except Exception as exc:  # noqa: BLE001 -- any failure: built against another torch, no PyTorch support
+    except ModuleNotFoundError as exc:
+        return f"Horovod is not installed (no module {exc.name or 'horovod'}). {HOROVOD_MISSING}"
+    except Exception as exc:  # noqa: BLE001 -- built against another torch, a broken extension
         return f"Horovod is installed but `import horovod.torch` fails ({type(exc).__name__}: {str(exc)[:200]}). {HOROVOD_MISSING}"
     return None
 
