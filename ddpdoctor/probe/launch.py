@@ -20,7 +20,7 @@ import uuid
 from typing import Any, Iterator
 
 from ddpdoctor.probe.config import RankConfig
-from ddpdoctor.probe.procs import Watchdog, alive, children, interruptible, read_rank_files
+from ddpdoctor.probe.procs import SIGNALS_FOR_TORCH_ELASTIC, Watchdog, alive, children, interruptible, read_rank_files
 from ddpdoctor.probe.registry import checks_for
 from ddpdoctor.probe.results import LaunchOutcome
 
@@ -52,6 +52,10 @@ def launch(config: RankConfig, nproc: int, nnodes: int, node_rank: int, endpoint
     outcome = LaunchOutcome(out_dir=out_dir)
     config = config.with_(out_dir=out_dir, report=False)
     timeout_s = max(1, int(round(config.join_timeout)))
+    extra: dict[str, Any] = {}
+    if "signals_to_handle" in getattr(LaunchConfig, "__dataclass_fields__", {}):
+        # SIGINT stays ours (procs.interruptible); older torch reads the variable that sets.
+        extra["signals_to_handle"] = SIGNALS_FOR_TORCH_ELASTIC
     launch_config = LaunchConfig(
         min_nodes=nnodes,
         max_nodes=nnodes,
@@ -67,6 +71,7 @@ def launch(config: RankConfig, nproc: int, nnodes: int, node_rank: int, endpoint
         local_addr=local_addr,
         # Ranks' own output goes to files (shown on failure), so --format json stays clean.
         logs_specs=DefaultLogsSpecs(log_dir=os.path.join(out_dir, "logs"), redirects=Std.ALL),
+        **extra,
     )
     # Workers read OMP_NUM_THREADS at import time of their BLAS pools: fix it before forking.
     saved_omp = os.environ.get("OMP_NUM_THREADS")

@@ -17,6 +17,8 @@ from ddpdoctor.probe.results import LaunchOutcome
 # How long a still-running rank may lag behind finished ones before it counts as hung (scaled by
 # the oversubscription: 16 ranks on 2 cores finish far apart without anyone hanging).
 GRACE_S = 2.0
+# The signals torch elastic may turn into its own shutdown: all its defaults but SIGINT.
+SIGNALS_FOR_TORCH_ELASTIC = "SIGTERM,SIGHUP,SIGQUIT"
 
 
 def _ppid(pid: int) -> Optional[int]:
@@ -87,8 +89,11 @@ def _resource_tracker_pid() -> Optional[int]:
         return None
 
 
-def kill_descendants(pid: int) -> None:
-    spare = _resource_tracker_pid()
+def kill_descendants(pid: int, spare_helpers: bool = True) -> None:
+    """SIGKILL every process below `pid`; `spare_helpers` keeps multiprocessing's resource tracker,
+    which warns at our exit if killed mid-run -- but after an interrupted run it would warn about
+    the semaphores the interrupted launcher left, so then it goes too."""
+    spare = _resource_tracker_pid() if spare_helpers else None
     for child in descendants(pid):
         if child != spare and alive(child):
             kill(child)
@@ -161,12 +166,12 @@ def interruptible(outcome: LaunchOutcome) -> Iterator[None]:
 
     def on_sigint(signum: int, frame: Optional[FrameType]) -> None:
         outcome.interrupted = True
-        kill_descendants(me)
+        kill_descendants(me, spare_helpers=False)
         raise KeyboardInterrupt
 
     saved_handler = signal.signal(signal.SIGINT, on_sigint)
     saved_env = os.environ.get("TORCHELASTIC_SIGNALS_TO_HANDLE")
-    os.environ["TORCHELASTIC_SIGNALS_TO_HANDLE"] = "SIGTERM,SIGHUP,SIGQUIT"
+    os.environ["TORCHELASTIC_SIGNALS_TO_HANDLE"] = SIGNALS_FOR_TORCH_ELASTIC
     try:
         yield
     except KeyboardInterrupt:
@@ -178,4 +183,4 @@ def interruptible(outcome: LaunchOutcome) -> Iterator[None]:
         else:
             os.environ["TORCHELASTIC_SIGNALS_TO_HANDLE"] = saved_env
         if outcome.interrupted:
-            kill_descendants(me)
+            kill_descendants(me, spare_helpers=False)

@@ -14,7 +14,7 @@ from click.testing import CliRunner
 
 from ddpdoctor.probe.command import probe
 from hvd_helpers import require_horovod
-from probe_helpers import REPO, assert_no_leftovers, bad_ranks, probe_env, run_probe
+from probe_helpers import REPO, assert_no_leftovers, bad_ranks, interrupt_probe, probe_env, run_probe
 
 TIMEOUT = "3"
 HVD_CHECKS = ["world", "liveness", "allreduce", "broadcast-parameters", "optimizer-step", "optimizer-state", "lr-scaling"]
@@ -98,3 +98,13 @@ def test_external_horovodrun_runs_the_worker_module() -> None:
     report = json.loads(text[text.index("{"):])
     assert [c["status"] for c in report["checks"]] == ["pass"] * 4
     assert report["world_size"] == 2 and report["framework"] == "horovod"
+
+
+@pytest.mark.slow
+def test_ctrl_c_ends_a_horovod_probe_at_once_as_interrupted() -> None:
+    require_horovod()
+    code, err, took = interrupt_probe(["--framework", "horovod", "--nproc", "2", "--timeout", "30",
+                                       "--inject-fault", "hang:1"], whole_group=True)
+    assert code == 130, err[-3000:]
+    assert err.strip().splitlines()[-1] == "ddpdoctor probe: interrupted"
+    assert took < 5

@@ -15,7 +15,8 @@ import uuid
 
 import pytest
 
-from probe_helpers import PROBE, REPO, assert_no_leftovers, bad_ranks, free_port, probe_env, processes_with_mark, run_probe
+from probe_helpers import (PROBE, REPO, assert_no_leftovers, bad_ranks, free_port, interrupt_probe, probe_env,
+                           processes_with_mark, run_probe)
 
 pytestmark = pytest.mark.slow
 TIMEOUT = "2"
@@ -185,3 +186,13 @@ def test_processes_with_mark_finds_live_processes() -> None:
         sleeper.kill()
         sleeper.wait()
     assert processes_with_mark(mark) == []
+
+
+@pytest.mark.parametrize("whole_group", [False, True], ids=["probe-only", "process-group"])
+def test_ctrl_c_ends_the_probe_at_once_as_interrupted(whole_group: bool) -> None:
+    # A hung rank keeps the run going until the signal arrives.
+    code, err, took = interrupt_probe(["--nproc", "2", "--timeout", "30", "--inject-fault", "hang:1"], whole_group)
+    assert code == 130, err[-3000:]
+    assert err.strip().splitlines()[-1] == "ddpdoctor probe: interrupted"
+    assert "Traceback" not in err and "FAIL" not in err
+    assert took < 5
