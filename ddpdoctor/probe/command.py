@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import os
 import sys
-from typing import Optional
+from typing import Any, Optional
 
 import click
 
@@ -112,7 +112,7 @@ class _Progress:
 
     def __init__(self, enabled: bool = True) -> None:
         self.enabled = enabled and sys.stderr.isatty()
-        self._status = None
+        self._status: Optional[Any] = None
 
     def __enter__(self) -> "_Progress":
         if self.enabled:

@@ -128,11 +128,11 @@ def _short_exit_barrier(seconds: float) -> Iterator[None]:
             super().__init__(*args, **kwargs)
             self._exit_barrier_timeout = seconds
 
-    launcher_api.LocalElasticAgent = _ProbeAgent
+    setattr(launcher_api, "LocalElasticAgent", _ProbeAgent)
     try:
         yield
     finally:
-        launcher_api.LocalElasticAgent = base
+        setattr(launcher_api, "LocalElasticAgent", base)
 
 
 def preimport(config: RankConfig) -> None:

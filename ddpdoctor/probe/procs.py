@@ -31,7 +31,7 @@ def _ppid(pid: int) -> Optional[int]:
 
 
 def children(pid: int) -> list[int]:
-    found = []
+    found: list[int] = []
     try:
         names = os.listdir("/proc")
     except OSError:

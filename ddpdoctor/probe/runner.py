@@ -119,7 +119,7 @@ def run_probe(options: ProbeOptions, progress: Optional[Callable[[str], None]] =
     if outcome.launch_error and not outcome.rank_files:
         raise CouldNotRun(f"launch failed: {outcome.launch_error}")
     checks = merge(outcome, options.checks, world_size, lambda name: advice_for(options.framework, name))
-    hosts = sorted({f.get("host") for f in outcome.rank_files.values() if f.get("host")})
+    hosts = sorted({str(f["host"]) for f in outcome.rank_files.values() if f.get("host")})
     if hosts:
         environment["hosts"] = hosts
     failures = [

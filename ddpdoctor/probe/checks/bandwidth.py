@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import statistics
 import time
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -38,7 +39,7 @@ def _sync(ctx: Context) -> None:
 def run(ctx: Context) -> R.RankEntry:
     sizes = CUDA_SIZES if ctx.on_cuda else CPU_SIZES
     factor = 2 * (ctx.world_size - 1) / ctx.world_size
-    rows = []
+    rows: list[dict[str, Any]] = []
     for nbytes in sizes:
         t = torch.ones(nbytes // 4, dtype=torch.float32, device=ctx.device)
         dist.all_reduce(t)  # warm-up: connection set-up and allocation are not bandwidth

@@ -16,10 +16,12 @@ ROOT_SEED = 2000
 
 def make_model(seed: int) -> nn.Module:
     torch.manual_seed(seed)
-    model = nn.Sequential(nn.Linear(8, 16), nn.BatchNorm1d(16), nn.Tanh(), nn.Linear(16, 4))
+    norm = nn.BatchNorm1d(16)
+    model = nn.Sequential(nn.Linear(8, 16), norm, nn.Tanh(), nn.Linear(16, 4))
     with torch.no_grad():  # buffers that differ per rank too, so that they must be broadcast as well
-        model[1].running_mean.normal_()
-        model[1].running_var.uniform_(0.5, 2.0)
+        assert norm.running_mean is not None and norm.running_var is not None
+        norm.running_mean.normal_()
+        norm.running_var.uniform_(0.5, 2.0)
     return model
 
 

@@ -26,6 +26,8 @@ LR = 0.1
 class _Scaled(nn.Module):
     """A module with a buffer that training does not change, so buffer hashes must stay equal."""
 
+    scale: torch.Tensor
+
     def __init__(self) -> None:
         super().__init__()
         self.register_buffer("scale", torch.randn(16))

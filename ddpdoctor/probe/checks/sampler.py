@@ -5,7 +5,7 @@ missing-set-epoch), which the report explains.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 import torch.distributed as dist
 from torch.utils.data import DistributedSampler
@@ -23,7 +23,7 @@ PER_RANK = 16
 
 def run(ctx: Context) -> R.RankEntry:
     n = PER_RANK * ctx.world_size
-    sampler = DistributedSampler(range(n), num_replicas=ctx.world_size, rank=ctx.rank, shuffle=True, seed=0)
+    sampler: DistributedSampler[int] = DistributedSampler(cast(Any, range(n)), num_replicas=ctx.world_size, rank=ctx.rank, shuffle=True, seed=0)
     sampler.set_epoch(0)
     epoch0 = list(sampler)
     repeat = list(sampler)  # a second epoch without set_epoch: must be identical

@@ -9,6 +9,8 @@ reference, and says so in its result.
 
 from __future__ import annotations
 
+from typing import Any
+
 
 import torch
 import torch.distributed as dist
@@ -30,7 +32,7 @@ def _data(world: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]
     return x.to(device), g.to(device)
 
 
-def _bn(cls: type, device: torch.device) -> nn.Module:
+def _bn(cls: type, device: torch.device) -> Any:  # BatchNorm1d or SyncBatchNorm
     bn = cls(C, momentum=0.1).to(device=device, dtype=torch.float64)
     with torch.no_grad():
         bn.weight.copy_(torch.linspace(0.5, 1.5, C))
@@ -38,11 +40,12 @@ def _bn(cls: type, device: torch.device) -> nn.Module:
     return bn
 
 
-def _reference(x: torch.Tensor, g: torch.Tensor, device: torch.device) -> tuple[torch.Tensor, nn.Module, torch.Tensor]:
+def _reference(x: torch.Tensor, g: torch.Tensor, device: torch.device) -> tuple[torch.Tensor, Any, torch.Tensor]:
     bn = _bn(nn.BatchNorm1d, device).train()
     xr = x.clone().requires_grad_(True)
     out = bn(xr)
     out.backward(g)
+    assert xr.grad is not None
     return out.detach(), bn, xr.grad.detach()
 
 
@@ -77,6 +80,7 @@ def _real_sync(x: torch.Tensor, g: torch.Tensor, ctx: Context) -> tuple[torch.Te
     xr = x.clone().requires_grad_(True)
     out = bn(xr)
     out.backward(g)
+    assert xr.grad is not None
     return out.detach(), bn.running_mean.detach(), bn.running_var.detach(), xr.grad.detach()
 
 
