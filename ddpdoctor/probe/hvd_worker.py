@@ -118,7 +118,6 @@ def external_horovod_rank(config: RankConfig) -> int:
         host = "127.0.0.1" if hvd.local_size() == hvd.size() else socket.gethostbyname(socket.gethostname())
         where = (host, int(server.port))
     host, port = hvd.broadcast_object(where, root_rank=0, name="ddpdoctor.store")
-    config = config.with_(run_id=os.environ.get("HOROVOD_GLOO_RENDEZVOUS_PORT", config.run_id))
     try:
         return run_rank(
             config, me,

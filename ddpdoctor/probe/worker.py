@@ -25,7 +25,7 @@ from typing import Any, Callable, Optional, Protocol
 
 from ddpdoctor.probe import results as R
 from ddpdoctor.probe.config import CONFIG_ENV, OUT_DIR_ENV, RankConfig
-from ddpdoctor.probe.registry import TORCH, CheckSpec, Judge, checks_for
+from ddpdoctor.probe.registry import CheckSpec, Judge, checks_for
 
 
 def die_with_parent() -> None:
