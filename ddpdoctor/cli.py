@@ -17,7 +17,7 @@ import click
 
 from ddpdoctor import __version__
 from ddpdoctor.catalog import CatalogError, load_catalog, rule_info
-from ddpdoctor.terminal import use_color
+from ddpdoctor.terminal import plain_table, rich_output, use_color
 
 if TYPE_CHECKING:
     from ddpdoctor.lint.engine import FileResult
@@ -43,6 +43,12 @@ class DoctorGroup(click.Group):
         except KeyboardInterrupt:
             click.echo("ddpdoctor: interrupted", err=True)
             raise click.exceptions.Exit(130) from None
+        except BrokenPipeError:
+            # The reader went away (`ddpdoctor rules | head`): stop quietly, as a tool killed by
+            # SIGPIPE would, and keep Python from failing again when it flushes stdout at exit.
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, sys.stdout.fileno())
+            raise click.exceptions.Exit(141) from None
         except CatalogError as error:
             raise fail(f"broken rule catalog: {error}") from None
         except Exception as error:  # noqa: BLE001 - the last line of defence against tracebacks
@@ -269,17 +275,25 @@ def rules(output_format: str, show_all: bool) -> None:
         payload = [{k: v for k, v in info.to_dict().items() if k != "body"} for info in catalog]
         click.echo(json.dumps(payload, indent=2))
         return
+    headers = ("code", "name", "severity", "default", "fixable", "summary")
+    rows = [
+        (info.code, info.name, info.severity.value, "on" if info.default_on else "off",
+         {"auto": "yes", "suggested": "suggested"}.get(info.fix_kind, ""), info.summary)
+        for info in catalog
+    ]
+    if not rich_output():
+        # A pipe gets one rule a line, whole: `ddpdoctor rules | grep DDP` or `| less` see every summary.
+        for line in plain_table(headers, rows):
+            click.echo(line)
+        return
     from rich.console import Console
     from rich.table import Table
 
     table = Table(box=None, header_style="bold", pad_edge=False)
-    for column in ("code", "name", "severity", "default", "fixable", "summary"):
+    for column in headers:
         table.add_column(column, overflow="fold" if column == "summary" else "ellipsis", no_wrap=column != "summary")
-    for info in catalog:
-        table.add_row(
-            info.code, info.name, info.severity.value, "on" if info.default_on else "off",
-            {"auto": "yes", "suggested": "suggested"}.get(info.fix_kind, ""), info.summary,
-        )
+    for row in rows:
+        table.add_row(*row)
     Console(highlight=False, soft_wrap=False).print(table)
 
 

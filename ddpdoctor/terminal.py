@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 import sys
-from typing import Optional
+from typing import Iterable, Optional, Sequence
 
 
 def use_color(output_file: Optional[str] = None) -> bool:
@@ -14,3 +14,24 @@ def use_color(output_file: Optional[str] = None) -> bool:
     if os.environ.get("FORCE_COLOR"):
         return True
     return sys.stdout.isatty()
+
+
+def rich_output(output_file: Optional[str] = None) -> bool:
+    """Rich tables (boxes, wrapping to the window) only where a person reads a terminal; pipes,
+    files and CI logs get plain lines, one record a line, never wrapped -- as ruff does."""
+    return use_color(output_file)
+
+
+def plain_table(headers: Sequence[str], rows: Iterable[Sequence[str]]) -> list[str]:
+    """Left-aligned columns two spaces apart; the last column is never padded or cut, so a line is
+    as long as its content and `grep`, `cut` and `less -S` see whole records."""
+    body = [[str(cell) for cell in row] for row in rows]
+    table = [list(headers), *body] if headers else body
+    if not table:
+        return []
+    widths = [max(len(row[i]) for row in table if i < len(row)) for i in range(len(table[0]))]
+    lines = []
+    for row in table:
+        cells = [cell.ljust(widths[i]) if i < len(row) - 1 else cell for i, cell in enumerate(row)]
+        lines.append("  ".join(cells).rstrip())
+    return lines

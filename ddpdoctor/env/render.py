@@ -20,6 +20,9 @@ from ddpdoctor.report import ReportContext, render as render_findings
 
 NA = "n/a"
 PLAIN_WIDTH = 132
+# Plain text is never folded: a value as long as a line of NCCL_* settings stays on one line, so
+# that grep and a pasted issue see it whole. (Tables are as wide as their content, not this.)
+UNWRAPPED_WIDTH = 100_000
 
 
 def to_json(report: EnvReport, findings: Sequence[Finding]) -> str:
@@ -37,7 +40,7 @@ def to_text(
         force_terminal=color,
         no_color=not color,
         color_system="standard" if color else None,
-        width=width or PLAIN_WIDTH,
+        width=width or (PLAIN_WIDTH if color else UNWRAPPED_WIDTH),
         highlight=False,
         markup=False,
         emoji=False,
@@ -104,7 +107,7 @@ def _software(report: EnvReport, table_box: box.Box) -> Table:
         ]
     h = s.horovod
     if not h.installed:
-        rows.append(("horovod", "not installed"))
+        rows.append(("horovod", "not installed (optional: scripts/install-horovod builds it for this torch)"))
     else:
         rows.append(("horovod", h.version or "unknown version"))
         if h.frameworks:

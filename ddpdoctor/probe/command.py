@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import os
 import sys
-from typing import Optional
+from typing import Any, Optional
 
 import click
 
-from ddpdoctor.probe.options import CHECK_NAMES, FAULT_KINDS, OptionError, ProbeOptions, parse_checks, parse_faults
-
-EXIT_COULD_NOT_RUN = 2
+from ddpdoctor.probe.faults import FAULT_KINDS
+from ddpdoctor.probe.options import OptionError, ProbeOptions, parse_checks, parse_faults_option, resolve_local_address
+from ddpdoctor.probe.registry import FRAMEWORKS, TORCH, names_for
+from ddpdoctor.probe.results import EXIT_COULD_NOT_RUN, EXIT_INTERRUPTED
 
 
 def _fail(message: str) -> None:
@@ -26,33 +27,38 @@ def _fail(message: str) -> None:
 @click.option("--rdzv-endpoint", default=None, metavar="HOST:PORT", help="c10d rendezvous endpoint, the same on every node (multi-node).")
 @click.option("--master-addr", default="127.0.0.1", show_default=True, help="Address the single-node rendezvous binds to.")
 @click.option("--master-port", type=int, default=0, show_default=True, help="Port for the single-node rendezvous (0: a free one).")
+@click.option("--framework", type=click.Choice(list(FRAMEWORKS)), default=TORCH, show_default=True,
+              help="torch: DDP ranks through torch's elastic launcher; horovod: Horovod ranks through its runner (gloo).")
 @click.option("--backend", type=click.Choice(["auto", "nccl", "gloo"]), default="auto", show_default=True)
 @click.option("--device", type=click.Choice(["auto", "cuda", "cpu"]), default="auto", show_default=True)
 @click.option("--timeout", type=float, default=5.0, show_default=True, help="Seconds each check (and each collective) may take.")
 @click.option("--join-timeout", type=float, default=60.0, show_default=True, help="Seconds to wait for all nodes to join.")
-@click.option("--checks", "checks_text", default=None, metavar="LIST", help=f"Comma-separated subset of: {', '.join(CHECK_NAMES)}.")
+@click.option("--checks", "checks_text", default=None, metavar="LIST", help=f"Comma-separated subset of: {', '.join(names_for(TORCH))} (Horovod: {', '.join(names_for('horovod'))}).")
 @click.option("--inject-fault", "faults_text", multiple=True, metavar="KIND:RANK",
               help=f"Make RANK misbehave on purpose to prove the detectors work; KIND: {', '.join(FAULT_KINDS)}.")
 @click.option("--run-id", default=None, help="Rendezvous run id (multi-node default: derived from the endpoint).")
 @click.option("--format", "output_format", type=click.Choice(["text", "json"]), default="text", show_default=True)
 def probe(
     nproc: Optional[int], nnodes: int, node_rank: int, rdzv_endpoint: Optional[str], master_addr: str,
-    master_port: int, backend: str, device: str, timeout: float, join_timeout: float, checks_text: Optional[str],
+    master_port: int, framework: str, backend: str, device: str, timeout: float, join_timeout: float, checks_text: Optional[str],
     faults_text: tuple[str, ...], run_id: Optional[str], output_format: str,
 ) -> None:
     """Launch real ranks and prove they agree with a single-process reference.
 
     Runs small real collectives, DDP steps, SyncBatchNorm and sampler checks on every rank and names
-    the rank that disagrees, hangs or dies. Exit status: 0 all passed, 1 a check failed, 2 could not run.
+    the rank that disagrees, hangs or dies. Exit status: 0 all passed, 1 a check failed, 2 could not
+    run, 130 interrupted (Ctrl-C).
     """
     try:
         options = ProbeOptions(
             nproc=nproc, nnodes=nnodes, node_rank=node_rank, rdzv_endpoint=rdzv_endpoint, master_addr=master_addr,
-            master_port=master_port, backend=backend, device=device, timeout=timeout, join_timeout=join_timeout,
-            faults=parse_faults(faults_text), checks=parse_checks(checks_text), output_format=output_format,
-            run_id=run_id,
+            master_port=master_port, framework=framework, backend=backend, device=device, timeout=timeout,
+            join_timeout=join_timeout, faults=parse_faults_option(faults_text),
+            checks=parse_checks(checks_text, framework), output_format=output_format, run_id=run_id,
         )
         options.validate()
+        if options.nnodes == 1:
+            resolve_local_address(options.master_addr)
     except OptionError as exc:
         _fail(str(exc))
         return
@@ -62,23 +68,28 @@ def probe(
         _fail("the probe needs torch: pip install 'ddpdoctor[probe]'")
         return
     from ddpdoctor.probe.report import render_text, to_json
-    from ddpdoctor.probe.runner import CouldNotRun, run_probe
+    from ddpdoctor.probe.runner import CouldNotRun, Interrupted, run_probe
 
     spinner = _Progress() if output_format == "text" else _Progress(enabled=False)
     try:
         with spinner:
-            report = run_probe(options, progress=spinner.update)
-    except OptionError as exc:
+            report = run_probe(options, progress=spinner.update, warn=_warn)
+    except (OptionError, CouldNotRun) as exc:
         _fail(str(exc))
         return
-    except CouldNotRun as exc:
-        _fail(str(exc))
+    except (Interrupted, KeyboardInterrupt):
+        click.echo("ddpdoctor probe: interrupted", err=True)
+        _exit(EXIT_INTERRUPTED)
         return
     if output_format == "json":
         click.echo(to_json(report))
     else:
         render_text(report)
     _exit(report["exit_code"])
+
+
+def _warn(message: str) -> None:
+    click.echo(f"ddpdoctor probe: warning: {message}", err=True)
 
 
 def _exit(code: int) -> None:
@@ -101,7 +112,7 @@ class _Progress:
 
     def __init__(self, enabled: bool = True) -> None:
         self.enabled = enabled and sys.stderr.isatty()
-        self._status = None
+        self._status: Optional[Any] = None
 
     def __enter__(self) -> "_Progress":
         if self.enabled:

@@ -44,7 +44,7 @@ def env_doctor(nproc: int, backend: str) -> dict[str, Any]:
         return {
             "summary": summary,
             "lines": lines,
-            "findings": [f.to_dict() if hasattr(f, "to_dict") else dict(f) for f in findings],
+            "findings": [f.to_dict() for f in findings],
             "error": None,
         }
     except Exception as exc:  # noqa: BLE001

@@ -48,10 +48,10 @@ def exchange(
     check: str,
     rank: int,
     world_size: int,
-    mine: dict[str, Any],
+    mine: R.RankEntry,
     timeout: float,
-    judge: Callable[[list[dict[str, Any]]], dict[str, Any]],
-) -> tuple[dict[str, Any], list[int]]:
+    judge: Callable[[list[R.RankEntry]], R.CheckRecord],
+) -> tuple[R.CheckRecord, list[int]]:
     """Returns (the check record, the ranks that did not report). Identical on every rank that gets
     rank 0's decision; a rank that does not hear from rank 0 builds its own record naming it."""
     store.set(f"r/{check}/{rank}", json.dumps(mine))
@@ -75,8 +75,8 @@ def _decide(
     check: str,
     world_size: int,
     timeout: float,
-    judge: Callable[[list[dict[str, Any]]], dict[str, Any]],
-) -> tuple[dict[str, Any], list[int]]:
+    judge: Callable[[list[R.RankEntry]], R.CheckRecord],
+) -> tuple[R.CheckRecord, list[int]]:
     rec, missing = _gather(store, check, world_size, timeout, judge, waited_for=timeout)
     store.set(f"d/{check}", json.dumps({"record": rec, "missing": missing}))
     return rec, missing
@@ -87,10 +87,10 @@ def _gather(
     check: str,
     world_size: int,
     timeout: float,
-    judge: Callable[[list[dict[str, Any]]], dict[str, Any]],
+    judge: Callable[[list[R.RankEntry]], R.CheckRecord],
     waited_for: float,
     no_decision: bool = False,
-) -> tuple[dict[str, Any], list[int]]:
+) -> tuple[R.CheckRecord, list[int]]:
     deadline = time.monotonic() + timeout
     pending = set(range(world_size))
     crashed: dict[int, str] = {}
@@ -112,7 +112,7 @@ def _gather(
         if not pending or time.monotonic() >= deadline:
             break
         time.sleep(POLL_S)
-    entries: list[dict[str, Any]] = []
+    entries: list[R.RankEntry] = []
     for r in range(world_size):
         if r in crashed:
             entries.append(

@@ -1,192 +1,82 @@
-"""Start the ranks through torch's own elastic launcher (the engine behind torchrun) and bring back
-whatever they left: per-rank result files, exit codes and tracebacks.
+"""Start torch ranks through torch's own elastic launcher (the engine behind torchrun) and bring
+back whatever they left: per-rank result files, exit codes and tracebacks.
 
 Settings chosen for start cost: `start_method="fork"` (no re-import of torch per rank; the parent
 never initialises CUDA, so forking is safe), the c10d rendezvous on an agent-chosen loopback port,
 `max_restarts=0` (a probe must report a failure, not paper over it).
 
-A watchdog thread makes sure no process is left behind: once the ranks of this node that are still
-healthy have finished, a rank that is still running after a short grace period is hung, and it is
-killed (and named as such); past an overall deadline everything is killed.
+A watchdog (ddpdoctor.probe.procs) makes sure no process is left behind.
 """
 
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import os
 import signal
 import tempfile
-import threading
 import time
 import uuid
-from dataclasses import dataclass, field
-from typing import Any, Iterator, Optional
+from typing import Any, Iterator
 
-from ddpdoctor.probe.options import ProbeOptions, faults_to_env
-
-# How long a still-running rank may lag behind finished ones before it counts as hung.
-GRACE_S = 2.0
-
-
-@dataclass
-class LaunchOutcome:
-    out_dir: str
-    rank_files: dict[int, dict[str, Any]] = field(default_factory=dict)
-    # Global rank -> {"exitcode", "signal", "message", "traceback", "local_rank"}.
-    failures: dict[int, dict[str, Any]] = field(default_factory=dict)
-    # Set when the launch itself failed (rendezvous, bad address): the probe could not run.
-    launch_error: Optional[str] = None
-    killed_hung_pids: set[int] = field(default_factory=set)
-    deadline_hit: bool = False
-    elapsed_s: float = 0.0
-    started_at: float = 0.0
+from ddpdoctor.probe.config import RankConfig
+from ddpdoctor.probe.procs import SIGNALS_FOR_TORCH_ELASTIC, Watchdog, alive, children, interruptible, read_rank_files
+from ddpdoctor.probe.registry import checks_for
+from ddpdoctor.probe.results import LaunchOutcome
 
 
-def run_id_for(options: ProbeOptions) -> str:
-    if options.run_id:
-        return options.run_id
-    if options.nnodes > 1:
+def run_id_for(run_id: "str | None", nnodes: int, rdzv_endpoint: "str | None") -> str:
+    if run_id:
+        return run_id
+    if nnodes > 1:
         # Every node must agree on the id without talking first: derive it from the endpoint.
-        return "ddpdoctor-" + "".join(c if c.isalnum() else "-" for c in str(options.rdzv_endpoint))
+        return "ddpdoctor-" + "".join(c if c.isalnum() else "-" for c in str(rdzv_endpoint))
     return f"ddpdoctor-{uuid.uuid4().hex[:12]}"
 
 
-def overall_deadline(options: ProbeOptions) -> float:
+def overall_deadline(config: RankConfig) -> float:
     """Upper bound on a run: join, plus each check's worst case (run + exchange + decision wait)."""
-    return options.join_timeout + len(options.checks) * (3 * options.timeout + 2) + 10
+    return config.join_timeout + len(config.checks) * (3 * config.timeout + 2) + 10
 
 
-def _children(pid: int) -> list[int]:
-    found = []
-    try:
-        names = os.listdir("/proc")
-    except OSError:
-        return found
-    for name in names:
-        if not name.isdigit():
-            continue
-        try:
-            with open(f"/proc/{name}/stat") as fh:
-                stat = fh.read()
-            ppid = int(stat[stat.rfind(")") + 2:].split()[1])
-        except (OSError, ValueError, IndexError):
-            continue
-        if ppid == pid:
-            found.append(int(name))
-    return found
-
-
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as fh:
-            stat = fh.read()
-        return stat[stat.rfind(")") + 2] != "Z"
-    except OSError:
-        try:
-            os.kill(pid, 0)
-            return True
-        except OSError:
-            return False
-
-
-def read_rank_files(out_dir: str) -> dict[int, dict[str, Any]]:
-    files: dict[int, dict[str, Any]] = {}
-    try:
-        names = os.listdir(out_dir)
-    except OSError:
-        return files
-    for name in names:
-        if name.startswith("rank-") and name.endswith(".json"):
-            try:
-                with open(os.path.join(out_dir, name)) as fh:
-                    data = json.load(fh)
-                files[int(data["rank"])] = data
-            except (OSError, ValueError, KeyError):
-                continue
-    return files
-
-
-class Watchdog(threading.Thread):
-    def __init__(self, out_dir: str, deadline_s: float, outcome: LaunchOutcome) -> None:
-        super().__init__(name="ddpdoctor-probe-watchdog", daemon=True)
-        self.out_dir = out_dir
-        self.deadline = time.monotonic() + deadline_s
-        self.outcome = outcome
-        self.stop = threading.Event()
-
-    def _kill(self, pid: int) -> None:
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except OSError:
-            pass
-
-    def run(self) -> None:
-        first_finish: Optional[float] = None
-        me = os.getpid()
-        while not self.stop.wait(0.05):
-            files = read_rank_files(self.out_dir)
-            finished = {f["pid"] for f in files.values() if f.get("finished")}
-            if finished and first_finish is None:
-                first_finish = time.monotonic()
-            if time.monotonic() > self.deadline:
-                self.outcome.deadline_hit = True
-                for pid in _children(me):
-                    self.outcome.killed_hung_pids.add(pid)
-                    self._kill(pid)
-                return
-            if first_finish is not None and time.monotonic() - first_finish > GRACE_S:
-                # The others are done: anything still running on this node is hung.
-                for pid in _children(me):
-                    if pid not in finished and _alive(pid):
-                        self.outcome.killed_hung_pids.add(pid)
-                        self._kill(pid)
-
-
-def launch(options: ProbeOptions, backend: str, device: str, nproc: int) -> LaunchOutcome:
+def launch(config: RankConfig, nproc: int, nnodes: int, node_rank: int, endpoint: str, local_addr: "str | None",
+           grace_s: float) -> LaunchOutcome:
     from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, Std
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
     from ddpdoctor.probe.worker import elastic_entry
 
-    _preimport(options.checks)
+    preimport(config)
     out_dir = tempfile.mkdtemp(prefix="ddpdoctor-probe-")
     outcome = LaunchOutcome(out_dir=out_dir)
-    run_id = run_id_for(options)
-    config = {
-        "backend": backend, "device": device, "timeout": options.timeout, "join_timeout": options.join_timeout,
-        "faults": faults_to_env(options.faults), "checks": list(options.checks), "out_dir": out_dir,
-        "run_id": run_id, "report": False,
-    }
-    if options.nnodes > 1:
-        endpoint = str(options.rdzv_endpoint)
-        is_host = options.node_rank == 0
-    else:
-        endpoint = f"{options.master_addr}:{options.master_port}"  # port 0: the agent picks a free one
-        is_host = True
-    timeout_s = max(1, int(round(options.join_timeout)))
+    config = config.with_(out_dir=out_dir, report=False)
+    timeout_s = max(1, int(round(config.join_timeout)))
+    extra: dict[str, Any] = {}
+    if "signals_to_handle" in getattr(LaunchConfig, "__dataclass_fields__", {}):
+        # SIGINT stays ours (procs.interruptible); older torch reads the variable that sets.
+        extra["signals_to_handle"] = SIGNALS_FOR_TORCH_ELASTIC
     launch_config = LaunchConfig(
-        min_nodes=options.nnodes,
-        max_nodes=options.nnodes,
+        min_nodes=nnodes,
+        max_nodes=nnodes,
         nproc_per_node=nproc,
-        run_id=run_id,
+        run_id=config.run_id,
         rdzv_backend="c10d",
         rdzv_endpoint=endpoint,
-        rdzv_configs={"join_timeout": timeout_s, "read_timeout": timeout_s, "is_host": is_host,
-                      "last_call_timeout": 1, "close_timeout": max(1, int(options.timeout))},
+        rdzv_configs={"join_timeout": timeout_s, "read_timeout": timeout_s, "is_host": nnodes == 1 or node_rank == 0,
+                      "last_call_timeout": 1, "close_timeout": max(1, int(config.timeout))},
         max_restarts=0,
         start_method="fork",
         monitor_interval=0.05,
-        local_addr=options.master_addr if options.nnodes == 1 else None,
+        local_addr=local_addr,
         # Ranks' own output goes to files (shown on failure), so --format json stays clean.
         logs_specs=DefaultLogsSpecs(log_dir=os.path.join(out_dir, "logs"), redirects=Std.ALL),
+        **extra,
     )
     # Workers read OMP_NUM_THREADS at import time of their BLAS pools: fix it before forking.
     saved_omp = os.environ.get("OMP_NUM_THREADS")
     os.environ["OMP_NUM_THREADS"] = "1"
-    watchdog = Watchdog(out_dir, overall_deadline(options), outcome)
+    watchdog = Watchdog(out_dir, overall_deadline(config), outcome, grace_s)
     watchdog.start()
     # The launcher's INFO/WARNING chatter ("Terminating process ... via SIGTERM") is not our output:
     # what matters from it reaches the report.
@@ -197,20 +87,18 @@ def launch(options: ProbeOptions, backend: str, device: str, nproc: int) -> Laun
     started = time.monotonic()
     outcome.started_at = time.time()
     try:
-        with _short_exit_barrier(max(2.0, options.timeout)):
-            elastic_launch(launch_config, elastic_entry)(json.dumps(config))
+        with interruptible(outcome), _short_exit_barrier(max(2.0, config.timeout)):
+            elastic_launch(launch_config, elastic_entry)(config.to_json())
     except ChildFailedError as exc:
         for global_rank, failure in exc.failures.items():
             outcome.failures[int(global_rank)] = _failure_info(failure)
     except Exception as exc:  # noqa: BLE001 -- rendezvous/connection errors: the probe could not run
-        outcome.launch_error = _one_line(exc)
-    except KeyboardInterrupt:
-        outcome.launch_error = "interrupted"
+        outcome.launch_error = one_line(exc)
     finally:
         outcome.elapsed_s = time.monotonic() - started
         watchdog.stop.set()
-        for pid in _children(os.getpid()):
-            if _alive(pid):  # never leave a rank behind, whatever happened
+        for pid in children(os.getpid()):
+            if alive(pid):  # never leave a rank behind, whatever happened
                 os.kill(pid, signal.SIGKILL)
         for lg, level in zip(quiet, saved_levels):
             lg.setLevel(level)
@@ -240,14 +128,14 @@ def _short_exit_barrier(seconds: float) -> Iterator[None]:
             super().__init__(*args, **kwargs)
             self._exit_barrier_timeout = seconds
 
-    launcher_api.LocalElasticAgent = _ProbeAgent
+    setattr(launcher_api, "LocalElasticAgent", _ProbeAgent)
     try:
         yield
     finally:
-        launcher_api.LocalElasticAgent = base
+        setattr(launcher_api, "LocalElasticAgent", base)
 
 
-def _preimport(checks: tuple[str, ...]) -> None:
+def preimport(config: RankConfig) -> None:
     """Import, once in the parent, what the ranks would otherwise each import after the fork.
 
     DDP's constructor pulls in torch._dynamo (and sympy with it): about a second per process. Paid
@@ -255,12 +143,15 @@ def _preimport(checks: tuple[str, ...]) -> None:
     as much. Done in this thread, before forking, because forking while another thread holds the
     import lock would deadlock the child.
     """
-    if "param-sync" in checks or "ddp-parity" in checks:
-        import torch._dynamo  # noqa: F401
-        import torch.nn.parallel  # noqa: F401
+    import importlib
+
+    for spec in checks_for(config.framework):
+        if spec.name in config.checks:
+            for module in spec.preimport:
+                importlib.import_module(module)
 
 
-def _one_line(exc: BaseException) -> str:
+def one_line(exc: BaseException) -> str:
     parts = [f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"]
     cause = exc.__cause__ or exc.__context__
     if cause is not None and str(cause).strip():

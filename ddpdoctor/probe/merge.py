@@ -8,13 +8,13 @@ attributed to the check it was running.
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 from ddpdoctor.probe import results as R
-from ddpdoctor.probe.launch import LaunchOutcome
+from ddpdoctor.probe.results import CheckRecord, LaunchOutcome
 
 
-def _best_record(name: str, files: dict[int, dict[str, Any]]) -> Optional[dict[str, Any]]:
+def _best_record(name: str, files: dict[int, dict[str, Any]]) -> Optional[CheckRecord]:
     candidates = [f["records"][name] for _, f in sorted(files.items()) if name in f.get("records", {})]
     if not candidates:
         return None
@@ -34,9 +34,10 @@ def _last_line(text: str) -> str:
     return lines[-1] if lines else ""
 
 
-def merge(outcome: LaunchOutcome, checks: tuple[str, ...], world_size: int, advice_for: Any) -> list[dict[str, Any]]:
+def merge(outcome: LaunchOutcome, checks: tuple[str, ...], world_size: int,
+          advice_for: Callable[[str], str]) -> list[CheckRecord]:
     files = outcome.rank_files
-    records: dict[str, dict[str, Any]] = {}
+    records: dict[str, CheckRecord] = {}
     for name in checks:
         rec = _best_record(name, files)
         if rec is not None:
@@ -85,7 +86,7 @@ def merge(outcome: LaunchOutcome, checks: tuple[str, ...], world_size: int, advi
             if later not in records:
                 what = "stopped responding" if rank in hung_ranks else "died"
                 reason = f"not run: {R.format_ranks(root or {rank})} {what} during {name}"
-                records[later] = R.record(later, [R.entry(r, R.SKIP, reason) for r in range(world_size)], summary=reason, status=R.SKIP)
+                records[later] = R.skipped(later, world_size, reason)
     died = root - hung_ranks
     if died:
         # Checks the survivors skipped because someone stopped answering: name the real cause.
@@ -100,7 +101,7 @@ def merge(outcome: LaunchOutcome, checks: tuple[str, ...], world_size: int, advi
         rec = records.get(name)
         if rec is None:
             reason = "not run: no rank reached this check" if not files else "not run: no result came back"
-            rec = R.record(name, [R.entry(r, R.SKIP, reason) for r in range(world_size)], summary=reason, status=R.SKIP)
+            rec = R.skipped(name, world_size, reason)
         out.append(rec)
     return out
 
@@ -112,7 +113,7 @@ def _root_causes(dead: dict[int, dict[str, Any]], hung: set[int]) -> set[int]:
     return own or set(dead)
 
 
-def _synthesize(name: str, files: dict[int, dict[str, Any]], world_size: int) -> dict[str, Any]:
+def _synthesize(name: str, files: dict[int, dict[str, Any]], world_size: int) -> CheckRecord:
     entries = []
     for r in range(world_size):
         own = files.get(r, {}).get("own", {}).get(name)
@@ -120,7 +121,7 @@ def _synthesize(name: str, files: dict[int, dict[str, Any]], world_size: int) ->
     return R.record(name, entries)
 
 
-def _rejudge(rec: dict[str, Any], advice_for: Any) -> None:
+def _rejudge(rec: CheckRecord, advice_for: Callable[[str], str]) -> None:
     rec["status"] = R.aggregate_status(rec["ranks"])
     bad = R.ranks_with(rec, R.FAIL, R.ERROR)
     if bad:

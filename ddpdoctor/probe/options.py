@@ -2,74 +2,45 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import ipaddress
+import math
+import os
+import socket
+import threading
+from dataclasses import dataclass
 from typing import Optional
 
-FAULT_KINDS = ("allreduce-corrupt", "param-desync", "hang", "crash")
+from ddpdoctor.probe.faults import FAULT_KINDS, FaultError, FaultSpec, parse_faults
+from ddpdoctor.probe.registry import FRAMEWORKS, TORCH, names_for
 
-# The checks in the order they run. Liveness comes early so that a dead or hung rank is named before
-# the heavier checks spend their timeouts waiting for it.
-CHECK_NAMES = (
-    "world",
-    "liveness",
-    "allreduce",
-    "param-sync",
-    "ddp-parity",
-    "syncbn",
-    "sampler",
-    "bandwidth",
-)
+__all__ = ["FAULT_KINDS", "FaultSpec", "OptionError", "ProbeOptions", "parse_checks", "parse_endpoint", "parse_faults_option"]
+
+# How long the resolver may take for --master-addr before we say so (it is a local lookup for the
+# names people use: localhost, this host's name, an address).
+RESOLVE_LIMIT_S = 5.0
 
 
 class OptionError(ValueError):
     """A bad option; reported as one line and exit status 2."""
 
 
-@dataclass(frozen=True)
-class FaultSpec:
-    kind: str
-    rank: int
-
-    def __str__(self) -> str:
-        return f"{self.kind}:{self.rank}"
-
-
-def parse_fault(text: str) -> FaultSpec:
-    kind, sep, rank_text = text.partition(":")
-    if not sep or kind not in FAULT_KINDS:
-        raise OptionError(
-            f"--inject-fault expects KIND:RANK with KIND one of {', '.join(FAULT_KINDS)}; got {text!r}"
-        )
+def parse_faults_option(texts: "list[str] | tuple[str, ...]") -> tuple[FaultSpec, ...]:
     try:
-        rank = int(rank_text)
-    except ValueError:
-        raise OptionError(f"--inject-fault {text!r}: RANK must be an integer") from None
-    if rank < 0:
-        raise OptionError(f"--inject-fault {text!r}: RANK must be >= 0")
-    return FaultSpec(kind, rank)
+        return parse_faults(texts)
+    except FaultError as exc:
+        raise OptionError(str(exc)) from None
 
 
-def parse_faults(texts: "list[str] | tuple[str, ...]") -> tuple[FaultSpec, ...]:
-    return tuple(parse_fault(t) for t in texts)
-
-
-def faults_to_env(faults: "tuple[FaultSpec, ...]") -> str:
-    return ",".join(str(f) for f in faults)
-
-
-def faults_from_env(text: str) -> tuple[FaultSpec, ...]:
-    return tuple(parse_fault(t) for t in text.split(",") if t.strip())
-
-
-def parse_checks(text: Optional[str]) -> tuple[str, ...]:
+def parse_checks(text: Optional[str], framework: str = TORCH) -> tuple[str, ...]:
+    known = names_for(framework)
     if not text:
-        return CHECK_NAMES
+        return known
     wanted = [t.strip() for t in text.split(",") if t.strip()]
-    unknown = [w for w in wanted if w not in CHECK_NAMES]
+    unknown = [w for w in wanted if w not in known]
     if unknown:
-        raise OptionError(f"--checks: unknown check(s) {', '.join(unknown)}; known: {', '.join(CHECK_NAMES)}")
+        raise OptionError(f"--checks: unknown check(s) {', '.join(unknown)} for --framework {framework}; known: {', '.join(known)}")
     # Keep the canonical order whatever order the user typed.
-    return tuple(name for name in CHECK_NAMES if name in wanted)
+    return tuple(name for name in known if name in wanted)
 
 
 def parse_endpoint(text: str) -> tuple[str, int]:
@@ -85,6 +56,60 @@ def parse_endpoint(text: str) -> tuple[str, int]:
     return host, port
 
 
+def _seconds(name: str, value: float) -> None:
+    if math.isnan(value) or math.isinf(value) or value <= 0:
+        raise OptionError(f"{name} must be a finite number of seconds > 0; got {value:g}")
+
+
+def resolve_local_address(addr: str, limit_s: float = RESOLVE_LIMIT_S) -> str:
+    """The numeric address `addr` names, checked to be an address of this machine (one the
+    rendezvous can bind); OptionError at once otherwise, instead of a launch that waits out its
+    join timeout."""
+    try:
+        numeric = str(ipaddress.ip_address(addr.strip("[]")))
+    except ValueError:
+        numeric = _resolve(addr, limit_s)
+    family = socket.AF_INET6 if ":" in numeric else socket.AF_INET
+    try:
+        with socket.socket(family, socket.SOCK_STREAM) as sock:
+            sock.bind((numeric, 0))
+    except OSError as exc:
+        raise OptionError(
+            f"--master-addr {addr}: {numeric} is not an address of this machine ({exc.strerror or exc}); "
+            "for a single node use 127.0.0.1, for several nodes use --rdzv-endpoint"
+        ) from None
+    return numeric
+
+
+def _resolve(addr: str, limit_s: float) -> str:
+    found: list[str] = []
+    failure: list[str] = []
+
+    def lookup() -> None:
+        try:
+            infos = socket.getaddrinfo(addr, None, type=socket.SOCK_STREAM)
+            found.extend(str(info[4][0]) for info in infos)
+        except (OSError, UnicodeError) as exc:
+            failure.append(str(getattr(exc, "strerror", None) or exc))
+
+    # A daemon thread, so that a resolver stuck on an unreachable DNS server cannot hold us.
+    worker = threading.Thread(target=lookup, name="ddpdoctor-resolve", daemon=True)
+    worker.start()
+    worker.join(limit_s)
+    if failure or (not found and not worker.is_alive()):
+        raise OptionError(f"--master-addr {addr!r} does not resolve ({failure[0] if failure else 'no address'})")
+    if not found:
+        raise OptionError(f"--master-addr {addr!r}: no answer from the resolver within {limit_s:g}s")
+    return found[0]
+
+
+def cpu_count() -> int:
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):
+        return max(1, os.cpu_count() or 1)
+
+
 @dataclass
 class ProbeOptions:
     nproc: Optional[int] = None
@@ -93,17 +118,19 @@ class ProbeOptions:
     rdzv_endpoint: Optional[str] = None
     master_addr: str = "127.0.0.1"
     master_port: int = 0
+    framework: str = TORCH
     backend: str = "auto"
     device: str = "auto"
     timeout: float = 5.0
     join_timeout: float = 60.0
     faults: tuple[FaultSpec, ...] = ()
-    checks: tuple[str, ...] = CHECK_NAMES
+    checks: tuple[str, ...] = names_for(TORCH)
     output_format: str = "text"
     run_id: Optional[str] = None
-    extra: dict[str, str] = field(default_factory=dict)
 
     def validate(self) -> None:
+        if self.framework not in FRAMEWORKS:
+            raise OptionError(f"--framework must be one of {', '.join(FRAMEWORKS)}")
         if self.nproc is not None and self.nproc < 1:
             raise OptionError("--nproc must be >= 1")
         if self.nnodes < 1:
@@ -112,18 +139,23 @@ class ProbeOptions:
             raise OptionError(f"--node-rank must be in [0, {self.nnodes - 1}]")
         if self.nnodes > 1 and not self.rdzv_endpoint:
             raise OptionError("--nnodes > 1 needs --rdzv-endpoint HOST:PORT (the same on every node)")
+        if self.framework != TORCH and (self.nnodes > 1 or self.rdzv_endpoint):
+            raise OptionError("--framework horovod runs on one node here; for several nodes run "
+                              "`horovodrun -np N -H ... python -m ddpdoctor.probe --framework horovod`")
         if self.rdzv_endpoint:
             parse_endpoint(self.rdzv_endpoint)
         if not 0 <= self.master_port <= 65535:
             raise OptionError("--master-port out of range")
-        if self.timeout <= 0:
-            raise OptionError("--timeout must be > 0 seconds")
-        if self.join_timeout <= 0:
-            raise OptionError("--join-timeout must be > 0 seconds")
+        _seconds("--timeout", self.timeout)
+        _seconds("--join-timeout", self.join_timeout)
         if self.backend not in ("auto", "nccl", "gloo"):
             raise OptionError("--backend must be auto, nccl or gloo")
         if self.device not in ("auto", "cuda", "cpu"):
             raise OptionError("--device must be auto, cuda or cpu")
+        known = names_for(self.framework)
+        unknown = [c for c in self.checks if c not in known]
+        if unknown:
+            raise OptionError(f"--checks: unknown check(s) {', '.join(unknown)} for --framework {self.framework}; known: {', '.join(known)}")
         if self.nproc is not None:
             world = self.nproc * self.nnodes
             for fault in self.faults:
@@ -131,3 +163,9 @@ class ProbeOptions:
                     raise OptionError(
                         f"--inject-fault {fault}: rank {fault.rank} does not exist (world size {world})"
                     )
+
+    def oversubscription(self) -> float:
+        """Local ranks per CPU core, when there are more ranks than cores (else 1.0)."""
+        if self.nproc is None:
+            return 1.0
+        return max(1.0, self.nproc / cpu_count())

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -81,3 +82,29 @@ def run_probe(*args: str, timeout: float = 120, mark: Optional[str] = None) -> R
 
 def bad_ranks(check: dict[str, Any]) -> list[int]:
     return sorted(e["rank"] for e in check["ranks"] if e["status"] in ("fail", "error"))
+
+
+def interrupt_probe(args: list[str], whole_group: bool) -> tuple[int, str, float]:
+    """Start a probe, wait until its ranks run, send SIGINT (to the probe alone, or to its whole
+    process group as a terminal's Ctrl-C does); return (exit status, stderr, seconds to exit)."""
+    mark = uuid.uuid4().hex
+    proc = subprocess.Popen([*PROBE, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=probe_env(mark), cwd=REPO, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 90
+        while time.monotonic() < deadline and len(processes_with_mark(mark)) < 3:
+            time.sleep(0.05)
+        assert len(processes_with_mark(mark)) >= 3, "the ranks never started"
+        time.sleep(1.0)
+        sent = time.monotonic()
+        if whole_group:
+            os.killpg(proc.pid, signal.SIGINT)
+        else:
+            proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=60)
+        took = time.monotonic() - sent
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert_no_leftovers(mark)
+    return proc.returncode, err, took

@@ -11,7 +11,7 @@ import torch.distributed as dist
 
 from ddpdoctor.probe import results as R
 from ddpdoctor.probe.checks import bandwidth, param_sync, world
-from ddpdoctor.probe.launch import LaunchOutcome
+from ddpdoctor.probe.results import LaunchOutcome
 from ddpdoctor.probe.merge import merge
 
 
@@ -40,8 +40,8 @@ def test_world_passes_when_all_agree() -> None:
     assert rec["status"] == R.PASS and "versions agree" in rec["summary"]
 
 
-def _sync_entry(rank: int, h_init: str, h_step: str, d_init: float = 0.0, d_step: float = 1e-8) -> dict[str, Any]:
-    return R.entry(rank, R.PASS, "", hash_init=h_init, hash_step=h_step,
+def _sync_entry(rank: int, h_init: str, h_step: str, d_init: float = 0.0, d_step: float = 1e-8) -> R.RankEntry:
+    return R.entry(rank, R.PASS, "", hash_init=h_init, hash_step=h_step, tolerance_step=1e-6,
                    max_diff_vs_reference_init=d_init, max_diff_vs_reference_step=d_step)
 
 
@@ -148,3 +148,77 @@ def test_env_doctor_survives_a_broken_diagnose(monkeypatch: pytest.MonkeyPatch) 
     monkeypatch.setattr(env_pkg, "diagnose", broken)
     doctor = env_doctor(2, "gloo")
     assert doctor["error"] == "ddpdoctor.env failed (ValueError: boom)"
+
+
+# -- tie and majority blame, with 2, 3 and 4 ranks ---------------------------------------------------
+
+
+def _hashes(*spec: tuple[str, float]) -> list[R.RankEntry]:
+    """One param-sync entry per (hash after the step, distance from the local reference)."""
+    return [_sync_entry(r, "i", h, 0.0, d) for r, (h, d) in enumerate(spec)]
+
+
+@pytest.mark.parametrize("spec, blamed", [
+    # Two ranks disagree: no majority, so the one far from its reference is blamed, in either order.
+    ((("a", 0.0), ("b", 1e-3)), [1]),
+    ((("b", 1e-3), ("a", 0.0)), [0]),
+    # ... and when neither is far (or both are), nobody can be trusted: both.
+    ((("a", 0.0), ("b", 0.0)), [0, 1]),
+    ((("a", 1e-3), ("b", 1e-3)), [0, 1]),
+    # Three ranks: the strict majority wins, even against the distances.
+    ((("a", 0.0), ("a", 0.0), ("b", 0.0)), [2]),
+    ((("b", 1e-3), ("a", 1e-3), ("a", 1e-3)), [0]),
+    # Four ranks: 3-1 is a majority; 2-2 is a tie decided by the distances.
+    ((("a", 0.0), ("b", 0.0), ("a", 0.0), ("a", 0.0)), [1]),
+    ((("a", 0.0), ("a", 0.0), ("b", 1e-3), ("b", 1e-3)), [2, 3]),
+    ((("b", 1e-3), ("b", 1e-3), ("a", 0.0), ("a", 0.0)), [0, 1]),
+    ((("a", 0.0), ("b", 0.0), ("c", 1e-3), ("d", 0.0)), [2]),
+])
+def test_param_sync_blame(spec: tuple[tuple[str, float], ...], blamed: list[int]) -> None:
+    rec = param_sync.judge(_hashes(*spec))
+    assert R.ranks_with(rec, R.FAIL) == blamed
+    assert rec["summary"].startswith(R.format_ranks(blamed))
+
+
+def test_param_sync_distance_just_inside_its_bound_is_not_far() -> None:
+    # tolerance_step is 1e-6 in _sync_entry: a 2-rank tie at exactly the bound blames the other rank.
+    rec = param_sync.judge(_hashes(("a", 1e-6), ("b", 1.01e-6)))
+    assert R.ranks_with(rec, R.FAIL) == [1]
+
+
+@pytest.mark.parametrize("versions, blamed", [
+    (("2.5.0", "2.4.1"), [0, 1]),
+    (("2.5.0", "2.4.1", "2.5.0"), [1]),
+    (("2.4.1", "2.5.0", "2.5.0", "2.5.0"), [0]),
+    (("2.5.0", "2.5.0", "2.4.1", "2.4.1"), [0, 1, 2, 3]),
+])
+def test_world_version_blame(versions: tuple[str, ...], blamed: list[int]) -> None:
+    rec = world.judge([_world_entry(r, v) for r, v in enumerate(versions)])
+    assert R.ranks_with(rec, R.FAIL) == blamed
+
+
+def _hvd_world_entry(rank: int, horovod: str) -> R.RankEntry:
+    return R.entry(rank, R.PASS, "x", host="h", backend="horovod-gloo", device="cpu",
+                   versions={"horovod": horovod, "torch": "2.13.0", "python": "3.11.7"})
+
+
+def test_horovod_world_blames_the_odd_horovod_build() -> None:
+    pytest.importorskip("horovod", reason="Horovod is not installed: run scripts/install-horovod")
+    from ddpdoctor.probe.checks import horovod_world
+
+    rec = horovod_world.judge([_hvd_world_entry(0, "0.28.1"), _hvd_world_entry(1, "0.27.0"), _hvd_world_entry(2, "0.28.1")])
+    assert R.ranks_with(rec, R.FAIL) == [1] and "horovod 0.27.0" in rec["summary"]
+
+
+def _lr_entry(rank: int, size: int) -> R.RankEntry:
+    return R.entry(rank, R.PASS, "", size=size, local_size=size, base_lr=0.1, scaled_lr=0.1 * size)
+
+
+def test_lr_scaling_judge() -> None:
+    pytest.importorskip("horovod", reason="Horovod is not installed: run scripts/install-horovod")
+    from ddpdoctor.probe.checks import horovod_lr_scaling
+
+    ok = horovod_lr_scaling.judge([_lr_entry(r, 3) for r in range(3)])
+    assert ok["status"] == R.PASS and "scales to 0.3" in ok["summary"]
+    bad = horovod_lr_scaling.judge([_lr_entry(0, 3), _lr_entry(1, 2), _lr_entry(2, 3)])
+    assert R.ranks_with(bad, R.FAIL) == [1] and "hvd.size() is 2" in bad["summary"]

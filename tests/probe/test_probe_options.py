@@ -10,7 +10,9 @@ from click.testing import CliRunner
 
 from ddpdoctor.probe.command import probe
 from ddpdoctor.probe.devices import select
-from ddpdoctor.probe.options import CHECK_NAMES, FaultSpec, OptionError, ProbeOptions, parse_checks, parse_fault
+from ddpdoctor.probe.faults import FaultError, FaultSpec, parse_fault
+from ddpdoctor.probe.options import OptionError, ProbeOptions, parse_checks
+from ddpdoctor.probe.registry import TORCH, names_for
 from probe_helpers import REPO
 
 
@@ -22,13 +24,13 @@ def test_importing_the_command_does_not_import_torch() -> None:
 def test_parse_fault() -> None:
     assert parse_fault("hang:3") == FaultSpec("hang", 3)
     for bad in ("hang", "explode:1", "crash:x", "crash:-1"):
-        with pytest.raises(OptionError):
+        with pytest.raises(FaultError):
             parse_fault(bad)
 
 
 def test_parse_checks_keeps_canonical_order() -> None:
     assert parse_checks("sampler,world") == ("world", "sampler")
-    assert parse_checks(None) == CHECK_NAMES
+    assert parse_checks(None) == names_for(TORCH)
     with pytest.raises(OptionError, match="unknown check"):
         parse_checks("world,nope")
 
@@ -41,7 +43,14 @@ def test_parse_checks_keeps_canonical_order() -> None:
         (["--nnodes", "2"], "needs --rdzv-endpoint"),
         (["--nnodes", "2", "--node-rank", "2", "--rdzv-endpoint", "127.0.0.1:1"], "--node-rank must be in"),
         (["--rdzv-endpoint", "nohostport"], "HOST:PORT"),
-        (["--timeout", "0"], "--timeout must be > 0"),
+        (["--timeout", "0"], "--timeout must be a finite number of seconds > 0; got 0"),
+        (["--timeout", "nan"], "--timeout must be a finite number of seconds > 0; got nan"),
+        (["--timeout", "inf"], "--timeout must be a finite number of seconds > 0; got inf"),
+        (["--timeout", "-1"], "--timeout must be a finite number of seconds > 0; got -1"),
+        (["--join-timeout", "nan"], "--join-timeout must be a finite number of seconds > 0"),
+        (["--checks", "optimizer-step"], "unknown check(s) optimizer-step for --framework torch"),
+        (["--framework", "horovod", "--checks", "ddp-parity"], "unknown check(s) ddp-parity for --framework horovod"),
+        (["--framework", "horovod", "--nnodes", "2", "--rdzv-endpoint", "127.0.0.1:1"], "horovodrun -np N"),
         (["--nproc", "2", "--inject-fault", "hang:5"], "rank 5 does not exist"),
         (["--checks", "bogus"], "unknown check"),
     ],
@@ -96,3 +105,49 @@ def test_more_ranks_than_gpus_with_nccl_is_an_error() -> None:
 
 def test_options_validate_accepts_defaults() -> None:
     ProbeOptions(nproc=2).validate()
+
+
+def test_unresolvable_master_addr_is_one_line_at_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    import socket
+
+    def no_such_host(*args: object, **kwargs: object) -> object:
+        raise socket.gaierror(socket.EAI_NONAME, "Name or service not known")
+
+    # The resolver is faked: a real unknown name would ask the network's DNS.
+    monkeypatch.setattr(socket, "getaddrinfo", no_such_host)
+    result = CliRunner().invoke(probe, ["--master-addr", "trainer-head", "--nproc", "2"])
+    assert result.exit_code == 2
+    assert result.output == "ddpdoctor probe: error: --master-addr 'trainer-head' does not resolve (Name or service not known)\n"
+
+
+def test_master_addr_that_is_not_ours_is_one_line(monkeypatch: pytest.MonkeyPatch) -> None:
+    import socket
+
+    from ddpdoctor.probe import options
+
+    class NotOurs(socket.socket):
+        def bind(self, address: object) -> None:
+            raise OSError(99, "Cannot assign requested address")
+
+    monkeypatch.setattr(options.socket, "socket", NotOurs)
+    with pytest.raises(OptionError, match=r"--master-addr 127.0.0.9: 127.0.0.9 is not an address of this machine "
+                                          r"\(Cannot assign requested address\)"):
+        options.resolve_local_address("127.0.0.9")
+
+
+def test_a_loopback_master_addr_is_bindable_here() -> None:
+    from ddpdoctor.probe.options import resolve_local_address
+
+    assert resolve_local_address("127.0.0.9") == "127.0.0.9"  # all of 127.0.0.0/8 is local on Linux
+    assert resolve_local_address("127.0.0.1") == "127.0.0.1"
+
+
+def test_timeouts_scale_with_ranks_per_core(monkeypatch: pytest.MonkeyPatch) -> None:
+    from ddpdoctor.probe import options
+    from ddpdoctor.probe.procs import GRACE_S
+    from ddpdoctor.probe.runner import scaled_timeouts
+
+    monkeypatch.setattr(options, "cpu_count", lambda: 2)
+    assert scaled_timeouts(ProbeOptions(nproc=2, timeout=5.0, join_timeout=60.0)) == (5.0, 60.0, GRACE_S)
+    assert scaled_timeouts(ProbeOptions(nproc=16, timeout=5.0, join_timeout=60.0)) == (40.0, 480.0, 8 * GRACE_S)
+    assert ProbeOptions(nproc=9).oversubscription() == 4.5

@@ -15,7 +15,8 @@ import uuid
 
 import pytest
 
-from probe_helpers import PROBE, REPO, assert_no_leftovers, bad_ranks, free_port, probe_env, processes_with_mark, run_probe
+from probe_helpers import (PROBE, REPO, assert_no_leftovers, bad_ranks, free_port, interrupt_probe, probe_env,
+                           processes_with_mark, run_probe)
 
 pytestmark = pytest.mark.slow
 TIMEOUT = "2"
@@ -185,3 +186,38 @@ def test_processes_with_mark_finds_live_processes() -> None:
         sleeper.kill()
         sleeper.wait()
     assert processes_with_mark(mark) == []
+
+
+@pytest.mark.parametrize("whole_group", [False, True], ids=["probe-only", "process-group"])
+def test_ctrl_c_ends_the_probe_at_once_as_interrupted(whole_group: bool) -> None:
+    # A hung rank keeps the run going until the signal arrives.
+    code, err, took = interrupt_probe(["--nproc", "2", "--timeout", "30", "--inject-fault", "hang:1"], whole_group)
+    assert code == 130, err[-3000:]
+    assert err.strip().splitlines()[-1] == "ddpdoctor probe: interrupted"
+    assert "Traceback" not in err and "FAIL" not in err
+    assert took < 5
+
+
+def test_sixteen_healthy_ranks_on_few_cores_pass_low_precision_all_reduce() -> None:
+    # Issue 15: a fixed bfloat16 tolerance failed every healthy rank at 9 or 16 ranks.
+    run = run_probe("--nproc", "16", "--checks", "world,liveness,allreduce", "--format", "json", timeout=240)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    allreduce = run.check("allreduce")
+    assert allreduce["status"] == "pass" and len(allreduce["ranks"]) == 16
+    assert "bfloat16" not in allreduce["ranks"][0]["detail"]["skipped"]
+    from ddpdoctor.probe.options import cpu_count
+
+    if cpu_count() < 16:
+        assert "16 ranks on" in run.stderr and "timeouts scaled" in run.stderr
+
+
+def test_plain_report_when_piped_is_unwrapped_lines() -> None:
+    run = run_probe("--nproc", "2", "--timeout", TIMEOUT, "--checks", "world,liveness,sampler")
+    assert run.returncode == 0, run.stdout + run.stderr
+    lines = run.stdout.splitlines()
+    assert not any(ch in run.stdout for ch in "┃│┏━╭") and "\x1b[" not in run.stdout  # no boxes, no colour
+    table = lines[lines.index(next(line for line in lines if line.startswith("check "))):]
+    assert table[0].split() == ["check", "r0", "r1", "verdict"]
+    sampler = next(line for line in table if line.startswith("sampler "))
+    # One check, one line, however long its summary (the old box table wrapped it at 80 columns).
+    assert len(sampler) > 120 and sampler.endswith("(lint rule DDP001 missing-set-epoch)")

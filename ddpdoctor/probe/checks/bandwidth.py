@@ -16,10 +16,9 @@ import torch
 import torch.distributed as dist
 
 from ddpdoctor.probe import results as R
-from ddpdoctor.probe.checks.base import Context, blame_failures
+from ddpdoctor.probe.checks.base import Context
 
 NAME = "bandwidth"
-ADVICE = ""
 STRAGGLER_ADVICE = (
     "A straggler slows every step of every rank: check that rank's node for CPU/GPU contention, "
     "thermal throttling (nvidia-smi -q -d PERFORMANCE), a wrong NUMA/CPU binding, or other jobs."
@@ -37,10 +36,10 @@ def _sync(ctx: Context) -> None:
         torch.cuda.synchronize(ctx.device)
 
 
-def run(ctx: Context) -> dict[str, Any]:
+def run(ctx: Context) -> R.RankEntry:
     sizes = CUDA_SIZES if ctx.on_cuda else CPU_SIZES
     factor = 2 * (ctx.world_size - 1) / ctx.world_size
-    rows = []
+    rows: list[dict[str, Any]] = []
     for nbytes in sizes:
         t = torch.ones(nbytes // 4, dtype=torch.float32, device=ctx.device)
         dist.all_reduce(t)  # warm-up: connection set-up and allocation are not bandwidth
@@ -65,10 +64,10 @@ def run(ctx: Context) -> dict[str, Any]:
     return R.entry(ctx.rank, R.PASS, f"busbw {rows[-1]['busbw_GBps']:.2f} GB/s at {rows[-1]['bytes'] >> 10} KiB", sweep=rows, compute_s=compute_s)
 
 
-def judge(entries: list[dict[str, Any]]) -> dict[str, Any]:
+def judge(entries: list[R.RankEntry]) -> R.CheckRecord:
     live = [e for e in entries if e["status"] == R.PASS]
     rec = R.record(NAME, entries)
-    if blame_failures(rec):
+    if R.blame_failures(rec):
         return rec
     # The slowest rank defines a collective's time, so report the max over ranks per size.
     table = []

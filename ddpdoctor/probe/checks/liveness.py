@@ -10,22 +10,16 @@ from __future__ import annotations
 
 import time
 from datetime import timedelta
-from typing import Any
 
 import torch.distributed as dist
 
 from ddpdoctor.probe import results as R
-from ddpdoctor.probe.checks.base import Context, default_judge
-
-NAME = "liveness"
-ADVICE = (
-    "A rank that hangs or dies here will hang or kill real training. Read the named rank's traceback; "
-    "for a hang, dump its stacks (py-spy dump --pid PID) and check that every node can reach "
-    "MASTER_ADDR:MASTER_PORT and the other nodes (firewalls, NCCL_SOCKET_IFNAME / GLOO_SOCKET_IFNAME)."
-)
+from ddpdoctor.probe.checks.base import Context
+from ddpdoctor.probe.registry import plain_judge
 
 
-def run(ctx: Context) -> dict[str, Any]:
+
+def run(ctx: Context) -> R.RankEntry:
     # The faults live here: this is the check that must catch them.
     ctx.faults.maybe_crash()
     ctx.faults.maybe_hang()
@@ -48,4 +42,4 @@ def run(ctx: Context) -> dict[str, Any]:
     return R.entry(ctx.rank, R.PASS, f"arrived; {how} took {waited * 1e3:.1f} ms", barrier_ms=round(waited * 1e3, 3))
 
 
-judge = default_judge(NAME, ADVICE, lambda entries: f"all {len(entries)} ranks alive: heartbeat and barrier within the timeout")
+judge = plain_judge("liveness", lambda entries: f"all {len(entries)} ranks alive: heartbeat and barrier within the timeout")

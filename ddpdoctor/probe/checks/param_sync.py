@@ -9,26 +9,24 @@ blamed.
 
 from __future__ import annotations
 
-from collections import Counter
-from typing import Any
 
 import torch
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from ddpdoctor.probe import results as R
-from ddpdoctor.probe.checks.base import Context, blame_failures, tensor_hash
+from ddpdoctor.probe.checks.base import Context, abs_grad_sum, param_abs_max, tensor_hash
+from ddpdoctor.probe.judges import odd_ones_out
+from ddpdoctor.probe.tolerance import step_tolerance
 
 NAME = "param-sync"
-ADVICE = (
-    "Parameters drift apart between ranks: do not modify parameters or load checkpoints on one rank "
-    "after wrapping in DDP (load before wrapping, or on all ranks), keep per-rank code paths identical, "
-    "and see lint rules about rank-conditional code. Re-run with TORCH_DISTRIBUTED_DEBUG=DETAIL."
-)
+LR = 0.1
 
 
 class _Scaled(nn.Module):
     """A module with a buffer that training does not change, so buffer hashes must stay equal."""
+
+    scale: torch.Tensor
 
     def __init__(self) -> None:
         super().__init__()
@@ -52,13 +50,13 @@ def _max_diff(a: nn.Module, b: nn.Module) -> float:
 
 
 def _step(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> None:
-    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    opt = torch.optim.SGD(model.parameters(), lr=LR)
     opt.zero_grad()
     nn.functional.mse_loss(model(x), y).backward()
     opt.step()
 
 
-def run(ctx: Context) -> dict[str, Any]:
+def run(ctx: Context) -> R.RankEntry:
     device = ctx.device
     model = make_model(1000 + ctx.rank, device)  # deliberately different on every rank
     ddp = DDP(model, device_ids=[device.index] if ctx.on_cuda else None)
@@ -72,6 +70,8 @@ def run(ctx: Context) -> dict[str, Any]:
     y_all = torch.randn(2 * ctx.world_size, 4, generator=gen).to(device)
     shard = slice(2 * ctx.rank, 2 * ctx.rank + 2)
     _step(ddp, x_all[shard], y_all[shard])
+    n = x_all.shape[0]
+    grad_sum = abs_grad_sum(reference, lambda i: nn.functional.mse_loss(reference(x_all[i:i + 1]), y_all[i:i + 1]) / n, n)
     _step(reference, x_all, y_all)
     hash_step = tensor_hash(_state(model))
     diff_step = _max_diff(model, reference)
@@ -79,25 +79,15 @@ def run(ctx: Context) -> dict[str, Any]:
         ctx.rank, R.PASS, f"hashes {hash_init} / {hash_step}",
         hash_init=hash_init, hash_step=hash_step,
         max_diff_vs_reference_init=diff_init, max_diff_vs_reference_step=diff_step,
+        # A DDP step and the local whole-batch step differ only by float32 rounding, this much at most.
+        tolerance_step=step_tolerance("float32", n, ctx.world_size, LR, grad_sum, param_abs_max(reference)),
     )
 
 
-def _blame(entries: list[dict[str, Any]], key: str, diff_key: str, tol: float) -> set[int]:
-    counts = Counter(e["detail"][key] for e in entries)
-    if len(counts) <= 1:
-        return set()
-    top, n = counts.most_common(1)[0]
-    if n * 2 > len(entries):
-        return {e["rank"] for e in entries if e["detail"][key] != top}
-    # No majority (e.g. two ranks): blame whoever is far from the reference, else everyone.
-    far = {e["rank"] for e in entries if e["detail"][diff_key] > tol}
-    return far or {e["rank"] for e in entries}
-
-
-def judge(entries: list[dict[str, Any]]) -> dict[str, Any]:
+def judge(entries: list[R.RankEntry]) -> R.CheckRecord:
     live = [e for e in entries if e["status"] == R.PASS]
-    bad_init = _blame(live, "hash_init", "max_diff_vs_reference_init", 0.0)
-    bad_step = _blame(live, "hash_step", "max_diff_vs_reference_step", 1e-5)
+    bad_init = odd_ones_out(live, "hash_init", "max_diff_vs_reference_init", "tolerance_init")
+    bad_step = odd_ones_out(live, "hash_step", "max_diff_vs_reference_step", "tolerance_step")
     for e in live:
         where = [w for w, bad in (("after DDP construction", bad_init), ("after one step", bad_step)) if e["rank"] in bad]
         if where:
@@ -108,7 +98,7 @@ def judge(entries: list[dict[str, Any]]) -> dict[str, Any]:
                 f"{e['detail']['max_diff_vs_reference_init']:.3g} / {e['detail']['max_diff_vs_reference_step']:.3g})"
             )
     rec = R.record(NAME, entries)
-    if not blame_failures(rec, ADVICE):
+    if not R.blame_failures(rec):
         rec["summary"] = (
             f"every parameter and buffer hashes the same on all {len(live)} ranks after DDP construction "
             f"and after one step ({live[0]['detail']['hash_step'] if live else '?'})"

@@ -5,20 +5,15 @@ missing-set-epoch), which the report explains.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 import torch.distributed as dist
 from torch.utils.data import DistributedSampler
 
 from ddpdoctor.probe import results as R
-from ddpdoctor.probe.checks.base import Context, default_judge
+from ddpdoctor.probe.checks.base import Context
+from ddpdoctor.probe.registry import plain_judge
 
-NAME = "sampler"
-ADVICE = (
-    "DistributedSampler shards overlap or miss samples: pass num_replicas=world_size and rank=global "
-    "rank (not local rank), use the same seed and dataset length on every rank, and call "
-    "sampler.set_epoch(epoch) at the start of every epoch (lint rule DDP001 missing-set-epoch)."
-)
 NOTE = (
     "without set_epoch() every epoch repeats the same order on every rank -- call sampler.set_epoch(epoch) "
     "each epoch (lint rule DDP001 missing-set-epoch)"
@@ -26,9 +21,9 @@ NOTE = (
 PER_RANK = 16
 
 
-def run(ctx: Context) -> dict[str, Any]:
+def run(ctx: Context) -> R.RankEntry:
     n = PER_RANK * ctx.world_size
-    sampler = DistributedSampler(range(n), num_replicas=ctx.world_size, rank=ctx.rank, shuffle=True, seed=0)
+    sampler: DistributedSampler[int] = DistributedSampler(cast(Any, range(n)), num_replicas=ctx.world_size, rank=ctx.rank, shuffle=True, seed=0)
     sampler.set_epoch(0)
     epoch0 = list(sampler)
     repeat = list(sampler)  # a second epoch without set_epoch: must be identical
@@ -61,7 +56,7 @@ def run(ctx: Context) -> dict[str, Any]:
     return R.entry(ctx.rank, R.PASS, "disjoint, covering, reshuffled by set_epoch", **detail)
 
 
-def _describe(ranks: list[dict[str, Any]]) -> str:
+def _describe(ranks: list[R.RankEntry]) -> str:
     d = ranks[0]["detail"]
     return (
         f"{len(ranks)} shards of {d['shard_size']} are disjoint and cover all {d['dataset_size']} samples; "
@@ -69,4 +64,4 @@ def _describe(ranks: list[dict[str, Any]]) -> str:
     )
 
 
-judge = default_judge(NAME, ADVICE, _describe)
+judge = plain_judge("sampler", _describe)

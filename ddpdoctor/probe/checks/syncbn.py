@@ -11,19 +11,15 @@ from __future__ import annotations
 
 from typing import Any
 
+
 import torch
 import torch.distributed as dist
 from torch import nn
 
 from ddpdoctor.probe import results as R
-from ddpdoctor.probe.checks.base import Context, default_judge
+from ddpdoctor.probe.checks.base import Context
+from ddpdoctor.probe.registry import plain_judge
 
-NAME = "syncbn"
-ADVICE = (
-    "SyncBatchNorm statistics disagree with the global batch: convert with "
-    "nn.SyncBatchNorm.convert_sync_batchnorm(model) before wrapping in DDP, run it on CUDA, and check "
-    "that all ranks call forward the same number of times (a rank skipping a batch desyncs the stats)."
-)
 C, PER_RANK = 5, 4
 TOL = 1e-9
 
@@ -36,7 +32,7 @@ def _data(world: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]
     return x.to(device), g.to(device)
 
 
-def _bn(cls: type, device: torch.device) -> nn.Module:
+def _bn(cls: type, device: torch.device) -> Any:  # BatchNorm1d or SyncBatchNorm
     bn = cls(C, momentum=0.1).to(device=device, dtype=torch.float64)
     with torch.no_grad():
         bn.weight.copy_(torch.linspace(0.5, 1.5, C))
@@ -44,11 +40,12 @@ def _bn(cls: type, device: torch.device) -> nn.Module:
     return bn
 
 
-def _reference(x: torch.Tensor, g: torch.Tensor, device: torch.device) -> tuple[torch.Tensor, nn.Module, torch.Tensor]:
+def _reference(x: torch.Tensor, g: torch.Tensor, device: torch.device) -> tuple[torch.Tensor, Any, torch.Tensor]:
     bn = _bn(nn.BatchNorm1d, device).train()
     xr = x.clone().requires_grad_(True)
     out = bn(xr)
     out.backward(g)
+    assert xr.grad is not None
     return out.detach(), bn, xr.grad.detach()
 
 
@@ -83,10 +80,11 @@ def _real_sync(x: torch.Tensor, g: torch.Tensor, ctx: Context) -> tuple[torch.Te
     xr = x.clone().requires_grad_(True)
     out = bn(xr)
     out.backward(g)
+    assert xr.grad is not None
     return out.detach(), bn.running_mean.detach(), bn.running_var.detach(), xr.grad.detach()
 
 
-def run(ctx: Context) -> dict[str, Any]:
+def run(ctx: Context) -> R.RankEntry:
     x_all, g_all = _data(ctx.world_size, ctx.device)
     shard = slice(PER_RANK * ctx.rank, PER_RANK * (ctx.rank + 1))
     ref_out, ref_bn, ref_grad = _reference(x_all, g_all, ctx.device)
@@ -109,8 +107,8 @@ def run(ctx: Context) -> dict[str, Any]:
     return R.entry(ctx.rank, R.PASS, f"checked {what}", checked=what, errors=errors, tolerance=TOL)
 
 
-judge = default_judge(
-    NAME, ADVICE,
+judge = plain_judge(
+    "syncbn",
     lambda entries: f"equals BatchNorm over the global batch (max err {max(max(e['detail']['errors'].values()) for e in entries):.1g}); "
     f"checked {entries[0]['detail']['checked']}",
 )

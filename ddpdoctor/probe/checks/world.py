@@ -4,19 +4,15 @@ from __future__ import annotations
 
 import os
 import socket
-from collections import Counter
 from typing import Any
 
 import torch
 
 from ddpdoctor.probe import results as R
-from ddpdoctor.probe.checks.base import Context, blame_failures
+from ddpdoctor.probe.checks.base import Context
+from ddpdoctor.probe.judges import fail_ranks, version_disagreements
 
 NAME = "world"
-ADVICE = (
-    "Install the same torch/CUDA/NCCL build on every node (same container image), and give each local "
-    "rank its own GPU: torch.cuda.set_device(LOCAL_RANK) before creating tensors or the process group."
-)
 
 _ENV_VARS = (
     "RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "MASTER_ADDR", "MASTER_PORT",
@@ -37,7 +33,7 @@ def _nccl_version() -> str | None:
         return None
 
 
-def run(ctx: Context) -> dict[str, Any]:
+def run(ctx: Context) -> R.RankEntry:
     import platform
 
     env = {k: os.environ[k] for k in _ENV_VARS if k in os.environ}
@@ -70,17 +66,9 @@ def run(ctx: Context) -> dict[str, Any]:
     return R.entry(ctx.rank, R.PASS, f"{detail['host']} {detail['device']} torch {torch.__version__}", **detail)
 
 
-def judge(entries: list[dict[str, Any]]) -> dict[str, Any]:
+def judge(entries: list[R.RankEntry]) -> R.CheckRecord:
     live = [e for e in entries if e["status"] == R.PASS]
-    problems: dict[int, list[str]] = {}
-    for key in _VERSION_KEYS:
-        counts = Counter(str(e["detail"]["versions"].get(key)) for e in live)
-        if len(counts) > 1:
-            majority = counts.most_common(1)[0][0]
-            for e in live:
-                value = str(e["detail"]["versions"].get(key))
-                if value != majority or counts[majority] * 2 <= len(live):
-                    problems.setdefault(e["rank"], []).append(f"{key} {value} (others: {dict(counts)})")
+    problems = version_disagreements(live, _VERSION_KEYS)
     by_gpu: dict[str, list[int]] = {}
     for e in live:
         gpu = e["detail"].get("gpu") or {}
@@ -90,12 +78,9 @@ def judge(entries: list[dict[str, Any]]) -> dict[str, Any]:
         if len(ranks) > 1:
             for r in ranks:
                 problems.setdefault(r, []).append(f"shares GPU {uuid} with {R.format_ranks(x for x in ranks if x != r)}")
-    for e in live:
-        if e["rank"] in problems:
-            e["status"] = R.FAIL
-            e["message"] = "; ".join(problems[e["rank"]])
+    fail_ranks(live, problems)
     rec = R.record(NAME, entries)
-    if not blame_failures(rec, ADVICE):
+    if not R.blame_failures(rec):
         hosts = sorted({e["detail"]["host"] for e in live})
         v = live[0]["detail"]["versions"] if live else {}
         rec["summary"] = (

@@ -1,0 +1,104 @@
+"""Start Horovod ranks through Horovod's own runner (`horovod.runner.run`, gloo controller, all
+slots on localhost) and bring back what they left, as `launch.py` does for torch.
+
+Horovod's collectives have no timeout, so the verdicts travel through a TCPStore the parent
+hosts on loopback (the ranks' `exchange` is the same as under torch): a hung or dead rank is named
+by the store's timeouts, never waited for inside a collective.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import os
+import tempfile
+import time
+from datetime import timedelta
+from typing import Any, Iterator
+
+from ddpdoctor.probe.config import RankConfig
+from ddpdoctor.probe.launch import one_line, overall_deadline
+from ddpdoctor.probe.procs import Watchdog, interruptible, kill_descendants, read_rank_files
+from ddpdoctor.probe.results import LaunchOutcome
+
+LOOPBACK = "127.0.0.1"
+
+
+def launch_horovod(config: RankConfig, nproc: int, grace_s: float) -> LaunchOutcome:
+    import torch.distributed as dist
+    from horovod.runner import run as horovod_run
+
+    from ddpdoctor.probe.hvd_worker import horovod_entry
+
+    out_dir = tempfile.mkdtemp(prefix="ddpdoctor-probe-")
+    outcome = LaunchOutcome(out_dir=out_dir)
+    store = dist.TCPStore(LOOPBACK, 0, nproc + 1, is_master=True, timeout=timedelta(seconds=config.join_timeout),
+                          wait_for_workers=False)
+    config = config.with_(out_dir=out_dir, report=False, store_addr=LOOPBACK, store_port=int(store.port))
+    watchdog = Watchdog(out_dir, overall_deadline(config), outcome, grace_s)
+    watchdog.start()
+    started = time.monotonic()
+    outcome.started_at = time.time()
+    chatter = io.StringIO()
+    try:
+        with interruptible(outcome), _keep_our_sigint(), contextlib.redirect_stdout(chatter), \
+                contextlib.redirect_stderr(chatter):
+            horovod_run(
+                horovod_entry, args=(config.to_json(),), num_proc=nproc, hosts=f"localhost:{nproc}",
+                use_gloo=True, network_interfaces=["lo"], disable_cache=True,
+                start_timeout=max(1, int(round(config.join_timeout))),
+                # Ranks' own output goes to files (shown on failure), so --format json stays clean.
+                output_filename=os.path.join(out_dir, "logs"),
+            )
+    except Exception as exc:  # noqa: BLE001 -- a rank failed (named from its file) or the runner could not start
+        outcome.launch_error = one_line(exc)
+    finally:
+        outcome.elapsed_s = time.monotonic() - started
+        watchdog.stop.set()
+        kill_descendants(os.getpid())  # never leave a rank behind, whatever happened
+    outcome.rank_files = read_rank_files(out_dir)
+    outcome.failures = failures_from_files(outcome)
+    if outcome.rank_files and outcome.launch_error and outcome.launch_error.startswith("RuntimeError: Horovod detected"):
+        # A rank ended badly; the files say which and how, which is the news.
+        outcome.launch_error = None
+    del store
+    return outcome
+
+
+def failures_from_files(outcome: LaunchOutcome) -> dict[int, dict[str, Any]]:
+    """Horovod's runner says only "a process exited non-zero"; the rank files say who: a rank that
+    wrote a traceback died on its own, one killed as hung is the watchdog's, and any other that
+    did not finish was stopped by the runner after the first failure."""
+    failures: dict[int, dict[str, Any]] = {}
+    for rank, data in outcome.rank_files.items():
+        if data.get("finished") or data.get("pid") in outcome.killed_hung_pids:
+            continue
+        crashed = str(data.get("crashed") or "")
+        info: dict[str, Any] = {"local_rank": data.get("local_rank", rank), "pid": data.get("pid", 0)}
+        if crashed:
+            last = [line for line in crashed.strip().splitlines() if line.strip()]
+            info.update(exitcode=1, signal=None, message=last[-1].strip() if last else "", traceback=crashed)
+        else:
+            info.update(exitcode=-15, signal="SIGTERM", message="", traceback="")
+        failures[rank] = info
+    return failures
+
+
+@contextlib.contextmanager
+def _keep_our_sigint() -> Iterator[None]:
+    """Horovod's gloo launcher installs SIGINT/SIGTERM handlers that ask its threads to stop the
+    ranks politely; ours (procs.interruptible) kills them at once, so keep it."""
+    import horovod.runner.gloo_run as gloo_run
+
+    original = gloo_run.register_shutdown_event
+
+    def no_handlers() -> Any:
+        import threading
+
+        return threading.Event()
+
+    gloo_run.register_shutdown_event = no_handlers
+    try:
+        yield
+    finally:
+        gloo_run.register_shutdown_event = original

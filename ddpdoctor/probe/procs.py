@@ -1,0 +1,186 @@
+"""The parent's hold on its ranks, whichever launcher started them: find them, read what they
+left, kill the hung ones, and make sure none outlives the run -- including on Ctrl-C."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import threading
+import time
+from types import FrameType
+from typing import Any, Iterator, Optional
+
+from ddpdoctor.probe.results import LaunchOutcome
+
+# How long a still-running rank may lag behind finished ones before it counts as hung (scaled by
+# the oversubscription: 16 ranks on 2 cores finish far apart without anyone hanging).
+GRACE_S = 2.0
+# The signals torch elastic may turn into its own shutdown: all its defaults but SIGINT.
+SIGNALS_FOR_TORCH_ELASTIC = "SIGTERM,SIGHUP,SIGQUIT"
+
+
+def _ppid(pid: int) -> Optional[int]:
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            stat = fh.read()
+        return int(stat[stat.rfind(")") + 2:].split()[1])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def children(pid: int) -> list[int]:
+    found: list[int] = []
+    try:
+        names = os.listdir("/proc")
+    except OSError:
+        return found
+    for name in names:
+        if name.isdigit() and _ppid(int(name)) == pid:
+            found.append(int(name))
+    return found
+
+
+def descendants(pid: int) -> list[int]:
+    """Every process below `pid` (Horovod's runner puts a shell and a middleman between us and a rank)."""
+    try:
+        names = [int(n) for n in os.listdir("/proc") if n.isdigit()]
+    except OSError:
+        return []
+    parents = {p: _ppid(p) for p in names}
+    found: list[int] = []
+    frontier = {pid}
+    while frontier:
+        kids = [p for p, pp in parents.items() if pp in frontier and p not in found]
+        found.extend(kids)
+        frontier = set(kids)
+    return found
+
+
+def alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            stat = fh.read()
+        return stat[stat.rfind(")") + 2] != "Z"
+    except OSError:
+        try:
+            os.kill(pid, 0)
+            return True
+        except OSError:
+            return False
+
+
+def kill(pid: int) -> None:
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except OSError:
+        pass
+
+
+def _resource_tracker_pid() -> Optional[int]:
+    """multiprocessing's resource tracker (Horovod's runner starts one): a helper of this process,
+    not a rank; killing it only makes Python warn at exit."""
+    try:
+        from multiprocessing import resource_tracker
+
+        return getattr(resource_tracker._resource_tracker, "_pid", None)
+    except Exception:  # noqa: BLE001 -- private API; without it, nothing is spared
+        return None
+
+
+def kill_descendants(pid: int, spare_helpers: bool = True) -> None:
+    """SIGKILL every process below `pid`; `spare_helpers` keeps multiprocessing's resource tracker,
+    which warns at our exit if killed mid-run -- but after an interrupted run it would warn about
+    the semaphores the interrupted launcher left, so then it goes too."""
+    spare = _resource_tracker_pid() if spare_helpers else None
+    for child in descendants(pid):
+        if child != spare and alive(child):
+            kill(child)
+
+
+def read_rank_files(out_dir: str) -> dict[int, dict[str, Any]]:
+    files: dict[int, dict[str, Any]] = {}
+    try:
+        names = os.listdir(out_dir)
+    except OSError:
+        return files
+    for name in names:
+        if name.startswith("rank-") and name.endswith(".json"):
+            try:
+                with open(os.path.join(out_dir, name)) as fh:
+                    data = json.load(fh)
+                files[int(data["rank"])] = data
+            except (OSError, ValueError, KeyError):
+                continue
+    return files
+
+
+class Watchdog(threading.Thread):
+    """Kills ranks that are still running `grace_s` after another rank of this node finished (they
+    are hung), and everything once the overall deadline passes."""
+
+    def __init__(self, out_dir: str, deadline_s: float, outcome: LaunchOutcome, grace_s: float = GRACE_S) -> None:
+        super().__init__(name="ddpdoctor-probe-watchdog", daemon=True)
+        self.out_dir = out_dir
+        self.deadline = time.monotonic() + deadline_s
+        self.outcome = outcome
+        self.grace_s = grace_s
+        self.stop = threading.Event()
+
+    def run(self) -> None:
+        first_finish: Optional[float] = None
+        me = os.getpid()
+        while not self.stop.wait(0.05):
+            files = read_rank_files(self.out_dir)
+            finished = {f["pid"] for f in files.values() if f.get("finished")}
+            ranks = {f["pid"] for f in files.values()}
+            if finished and first_finish is None:
+                first_finish = time.monotonic()
+            if time.monotonic() > self.deadline:
+                self.outcome.deadline_hit = True
+                for pid in descendants(me):
+                    if pid in ranks:
+                        self.outcome.killed_hung_pids.add(pid)
+                    kill(pid)
+                return
+            if first_finish is not None and time.monotonic() - first_finish > self.grace_s:
+                # The others are done: a rank of this node still running is hung.
+                for pid in ranks - finished:
+                    if alive(pid):
+                        self.outcome.killed_hung_pids.add(pid)
+                        kill(pid)
+
+
+@contextlib.contextmanager
+def interruptible(outcome: LaunchOutcome) -> Iterator[None]:
+    """Ctrl-C (SIGINT) kills every process below us at once and ends the launch as "interrupted".
+
+    torch elastic would turn SIGINT into its own shutdown, which asks the ranks to stop and waits
+    up to 30 s for them; its handler is kept off SIGINT (TORCHELASTIC_SIGNALS_TO_HANDLE) so ours
+    stays in place for the whole launch."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    me = os.getpid()
+
+    def on_sigint(signum: int, frame: Optional[FrameType]) -> None:
+        outcome.interrupted = True
+        kill_descendants(me, spare_helpers=False)
+        raise KeyboardInterrupt
+
+    saved_handler = signal.signal(signal.SIGINT, on_sigint)
+    saved_env = os.environ.get("TORCHELASTIC_SIGNALS_TO_HANDLE")
+    os.environ["TORCHELASTIC_SIGNALS_TO_HANDLE"] = SIGNALS_FOR_TORCH_ELASTIC
+    try:
+        yield
+    except KeyboardInterrupt:
+        outcome.interrupted = True
+    finally:
+        signal.signal(signal.SIGINT, saved_handler)
+        if saved_env is None:
+            os.environ.pop("TORCHELASTIC_SIGNALS_TO_HANDLE", None)
+        else:
+            os.environ["TORCHELASTIC_SIGNALS_TO_HANDLE"] = saved_env
+        if outcome.interrupted:
+            kill_descendants(me, spare_helpers=False)
