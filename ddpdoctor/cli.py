@@ -58,6 +58,7 @@ def main() -> None:
       ddpdoctor lint train.py        static checks, never runs your code
       ddpdoctor probe --nproc 4      launch real ranks and prove they agree
       ddpdoctor env                  the environment doctor (GPUs, NCCL, launch variables)
+      ddpdoctor guard -- torchrun ...  run your job with the doctor inside every rank
       ddpdoctor rules / explain CODE the rule catalog
     """
 
@@ -275,8 +276,9 @@ def explain(code: str, output_format: str) -> None:
 
 
 def _attach_optional_commands() -> None:
-    """`probe` and `env` live in their own packages; their modules import torch lazily."""
-    for module_name, attribute in (("ddpdoctor.probe.command", "probe"), ("ddpdoctor.env.command", "env")):
+    """`probe`, `env` and `guard` live in their own packages; their modules import torch lazily."""
+    for module_name, attribute in (("ddpdoctor.probe.command", "probe"), ("ddpdoctor.env.command", "env"),
+                                   ("ddpdoctor.guard.command", "guard")):
         try:
             module = __import__(module_name, fromlist=[attribute])
         except ImportError:
