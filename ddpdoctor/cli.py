@@ -222,7 +222,7 @@ def _encode_like(path: str, text: str) -> bytes:
 
 @main.command()
 @click.option("--format", "output_format", type=click.Choice(["text", "json"]), default="text", show_default=True)
-@click.option("--all", "show_all", is_flag=True, help="Include the env checks (ENV codes) too.")
+@click.option("--all", "show_all", is_flag=True, help="Include the env and guard checks (ENV and GRD codes) too.")
 def rules(output_format: str, show_all: bool) -> None:
     """List the rules: code, name, severity, default on/off, fixable."""
     catalog = [i for i in load_catalog().values() if show_all or i.kind == "lint"]

@@ -14,25 +14,24 @@ from collections import Counter, deque
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
+from ddpdoctor.catalog import rule_info
 from ddpdoctor.findings import Finding, Severity
 from ddpdoctor.guard.options import GuardOptions
 
 Send = Callable[[int, dict[str, Any]], None]
 Fingerprint = tuple[str, str, str, int]  # op, signature, path, line
 
-_NAMES = {
-    "GRD001": ("collective-mismatch", Severity.ERROR),
-    "GRD002": ("rank-stalled", Severity.ERROR),
-    "GRD003": ("replicas-diverged", Severity.ERROR),
-    "GRD004": ("epoch-order-repeated", Severity.WARNING),
-    "GRD005": ("uneven-batches", Severity.ERROR),
-    "GRD006": ("straggler", Severity.WARNING),
-    "GRD007": ("wrong-device", Severity.ERROR),
-}
+GUARD_CODES = ("GRD001", "GRD002", "GRD003", "GRD004", "GRD005", "GRD006", "GRD007")
 # How long an incomplete position in the sequence may wait for the other ranks before it is judged.
 INCOMPLETE_AFTER_S = 1.0
 STACK_WAIT_S = 1.5
 STRAGGLER_SAMPLES = 4
+
+
+def _name_and_severity(code: str) -> tuple[str, Severity]:
+    # The catalog page (rules/GRDnnn.md) is where a code's name and severity are written down.
+    info = rule_info(code)
+    return (info.name, info.severity) if info is not None else (code.lower(), Severity.ERROR)
 
 
 def ranks_text(ranks: "list[int] | set[int]") -> str:
@@ -157,7 +156,7 @@ class Doctor:
 
     def _emit(self, code: str, ranks: "list[int] | set[int]", message: str, path: str, line: int,
               step: Optional[int] = None, epoch: Optional[int] = None) -> Finding:
-        name, severity = _NAMES[code]
+        name, severity = _name_and_severity(code)
         finding = Finding(code=code, name=name, severity=severity, message=message, path=path, line=line,
                           source="guard", details={"ranks": sorted(ranks), "step": step, "epoch": epoch})
         self.findings.append(finding)
@@ -416,7 +415,7 @@ class Doctor:
                 existing.details["ranks"].append(rank)
                 existing.details["ranks"].sort()
             return
-        name, severity = _NAMES[key[0]]
+        name, severity = _name_and_severity(key[0])
         self.local[key] = Finding(code=key[0], name=name, severity=severity, message=str(item["message"]),
                                   path=key[1], line=key[2], source="guard",
                                   details={"ranks": [rank], "step": item.get("step"), "epoch": item.get("epoch")})

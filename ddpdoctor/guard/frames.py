@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import os
 import sys
+import sysconfig
 import types
 from typing import Optional
 
 _GUARD_DIR = os.path.dirname(os.path.abspath(__file__))
 _SKIP: tuple[str, ...] = (_GUARD_DIR, "<frozen ")
+# A stack quoted to the user starts in their code, not in threading.py or multiprocessing.
+_STDLIB = tuple(os.path.abspath(sysconfig.get_paths()[k]) + os.sep for k in ("stdlib", "platstdlib"))
 
 
 def skip_torch_frames() -> None:
@@ -39,7 +42,7 @@ def stack_of(frame: Optional[types.FrameType], limit: int = 8) -> list[tuple[str
     frames: list[tuple[str, int, str]] = []
     while frame is not None and len(frames) < limit:
         filename = frame.f_code.co_filename
-        if not filename.startswith(_SKIP) and not filename.endswith(("threading.py",)):
+        if not filename.startswith(_SKIP) and not filename.startswith(_STDLIB):
             frames.append((display_path(filename), frame.f_lineno, frame.f_code.co_name))
         frame = frame.f_back
     return frames
