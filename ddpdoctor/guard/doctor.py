@@ -188,32 +188,43 @@ class Doctor:
                         continue
                     break  # keep order: judge later positions only after this one
                 young = not final and now - self.first_seen.get((group, seq), now) < INCOMPLETE_AFTER_S
-                if young and (not complete or not all(r in positions.get(seq + 1, {}) for r in calls)):
-                    break  # wait for the others, and for what each calls next (it tells an extra call)
+                if young and (not complete or self._extra_side(calls, positions.get(seq + 1, {})) is False):
+                    break  # wait for the others and, in a tie, for what each calls next (it tells an extra call)
                 self._report_mismatch(group, seq, calls, positions.get(seq + 1, {}))
                 self.desynced.add(group)
                 del positions[seq]
+
+    @staticmethod
+    def _extra_side(calls: dict[int, Fingerprint], following: dict[int, Fingerprint]) -> "list[int] | bool | None":
+        """The ranks that made an extra call; None when a majority decides instead; False: not known yet.
+
+        In a tie, a side whose next call is what the other side called here made the extra call.
+        """
+        sides: dict[tuple[str, str], list[int]] = {}
+        for r, fp in sorted(calls.items()):
+            sides.setdefault((fp[0], fp[1]), []).append(r)
+        sizes = sorted((len(rs) for rs in sides.values()), reverse=True)
+        if len(sizes) < 2 or sizes[0] > sizes[1]:
+            return None
+        for call, rs in sides.items():
+            others = {c for c in sides if c != call}
+            if len(others) == 1 and all(r in following and (following[r][0], following[r][1]) in others for r in rs):
+                return rs
+        return False
 
     def _report_mismatch(self, group: str, seq: int, calls: dict[int, Fingerprint], following: dict[int, Fingerprint]) -> None:
         by_call: dict[tuple[str, str], list[int]] = {}
         for r, fp in sorted(calls.items()):
             by_call.setdefault((fp[0], fp[1]), []).append(r)
         ranked = sorted(by_call.items(), key=lambda item: (-len(item[1]), item[1]))
-        odd: Optional[list[int]] = None
-        if len(ranked[0][1]) > len(ranked[1][1]):
+        extra_side = self._extra_side(calls, following)
+        odd: Optional[list[int]] = extra_side if isinstance(extra_side, list) else None
+        if extra_side is None:
             odd = [r for _, rs in ranked[1:] for r in rs]
-        else:
-            # A tie (two ranks): the side whose *next* call is what the others called here made an extra call.
-            for call, rs in ranked:
-                others = [fp for r, fp in calls.items() if r not in rs]
-                if all(r in following and (following[r][0], following[r][1]) == (others[0][0], others[0][1]) for r in rs):
-                    odd = rs
-                    break
         if odd is not None:
             first = calls[odd[0]]
             rest = sorted(r for r in calls if r not in odd)
-            extra = " an extra" if len(ranked) == 2 and all(r in following for r in odd) and any(
-                (following[r][0], following[r][1]) == (calls[rest[0]][0], calls[rest[0]][1]) for r in odd) else ""
+            extra = " an extra" if isinstance(extra_side, list) else ""
             message = (f"{ranks_text(odd)} called{extra} {describe(first)} while {ranks_text(rest)} called "
                        f"{describe(calls[rest[0]])} (collective #{seq + 1} of "
                        f"{'the world group' if group == 'W' else 'group ' + group}): the job hangs or mixes up data here")
