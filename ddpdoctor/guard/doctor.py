@@ -7,6 +7,7 @@ stack or tell every rank to stop through the `send` callback it is given.
 
 from __future__ import annotations
 
+import functools
 import statistics
 import threading
 import time
@@ -259,9 +260,8 @@ class Doctor:
             live_missing = {r for r in missing if r in self.ranks and self.ranks[r].connected}
             for r in live_missing:
                 self.send(r, {"t": "stack"})
-            self.pending.append(_Pending("GRD002", live_missing, now, 1,
-                                         lambda stacks, g=group, s=seq, w=waiting, m=missing, c=calls, t=waited:
-                                         self._stall_finding(g, s, w, m, c, t, stacks)))
+            self.pending.append(_Pending("GRD002", live_missing, now, 1, functools.partial(
+                self._stall_finding, group, seq, waiting, missing, calls, waited)))
             return
 
     def _stall_finding(self, group: str, seq: int, waiting: set[int], missing: set[int],
@@ -399,9 +399,8 @@ class Doctor:
                     and slowest_share >= 0.75):
                 self.reported.add(("GRD006", r))
                 self.send(r, {"t": "stack"})
-                self.pending.append(_Pending(
-                    "GRD006", {r}, self.clock(), STRAGGLER_SAMPLES,
-                    lambda stacks, r=r, m=median, o=others, s=slowest_share: self._straggler_finding(r, m, o, s, stacks)))
+                self.pending.append(_Pending("GRD006", {r}, self.clock(), STRAGGLER_SAMPLES, functools.partial(
+                    self._straggler_finding, r, median, others, slowest_share)))
                 self.pending[-1].asked = 1
 
     def _straggler_finding(self, r: int, median: float, others: float, share: float,

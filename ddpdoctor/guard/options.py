@@ -31,7 +31,7 @@ class GuardOptions:
     straggler_min_excess: float = 0.02
     on_stall: str = "stop"  # "stop" the job, or only "report" it
     # How often each rank's reporter thread sends what its main thread recorded.
-    flush_interval: float = 0.2
+    flush_interval: float = 0.5
     # In-code use without the `guard` command: rank 0 hosts the side channel and the doctor.
     rank0_hosts: bool = False
 

@@ -72,7 +72,8 @@ def _group_index(function: Callable[..., Any]) -> int:
 
 def _describe(value: Any, tensor_type: type) -> str:
     if isinstance(value, tensor_type):
-        return f"{str(value.dtype).replace('torch.', '')}{list(value.shape)}"
+        tensor: Any = value
+        return f"{str(tensor.dtype).replace('torch.', '')}{list(tensor.shape)}"
     if isinstance(value, (list, tuple)) and value and all(isinstance(v, tensor_type) for v in value):
         return f"{len(value)}x{_describe(value[0], tensor_type)}"
     return ""
@@ -142,8 +143,8 @@ def _patch_ddp() -> None:
             guard.pending_backward = (key, guard.record(key, "DDP gradient all-reduce", summary, path, line))
         return original_forward(self, *args, **kwargs)
 
-    DDP.__init__ = __init__
-    DDP.forward = forward
+    DDP.__init__ = __init__  # type: ignore[method-assign]
+    DDP.forward = forward  # type: ignore[method-assign]
 
 
 def _on_ddp(guard: rank.RankGuard, ddp: Any, site: tuple[str, int]) -> None:

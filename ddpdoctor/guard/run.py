@@ -169,7 +169,7 @@ def _signal_session(pgid: int, signum: int) -> None:
 
 def session_members(sid: int) -> list[int]:
     """Live processes of session `sid`, found through /proc (Linux)."""
-    found = []
+    found: list[int] = []
     try:
         names = os.listdir("/proc")
     except OSError:

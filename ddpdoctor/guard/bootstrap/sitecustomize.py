@@ -29,7 +29,7 @@ def _ddpdoctor_chain_sitecustomize() -> None:
     ours = sys.modules.pop("sitecustomize", None)
     sys.path[:] = [p for p in sys.path if os.path.abspath(p or os.curdir) != here]
     try:
-        import sitecustomize  # noqa: F401  - the next one on the path, if any
+        import sitecustomize  # type: ignore[import-not-found]  # noqa: F401  - the next one on the path, if any
     except ImportError as error:
         if error.name != "sitecustomize":
             raise
