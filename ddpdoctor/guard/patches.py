@@ -24,6 +24,10 @@ COLLECTIVES = (
     "barrier", "broadcast", "broadcast_object_list", "gather", "gather_object", "reduce", "reduce_scatter",
     "reduce_scatter_tensor", "scatter", "scatter_object_list", "monitored_barrier",
 )
+# Where ranks legitimately pass different shapes (uneven all_gather/all_to_all splits, a gather or
+# scatter list only on the root): only the operation and the first tensor's dtype are compared.
+_SHAPES_MAY_DIFFER = frozenset({"all_gather", "all_to_all", "all_to_all_single", "gather", "scatter",
+                                "reduce_scatter"})
 _MARK = "__ddpdoctor_guard__"
 _training_patched = False
 
@@ -88,7 +92,11 @@ def _wrap_collective(name: str, function: Callable[..., Any], tensor_type: type)
         if guard is None or guard.closed:
             return function(*args, **kwargs)
         group = kwargs.get("group") if "group" in kwargs else (args[group_at] if 0 <= group_at < len(args) else None)
-        signature = ", ".join(filter(None, (_describe(a, tensor_type) for a in args)))
+        if name in _SHAPES_MAY_DIFFER:
+            signature = next((str(getattr(a, "dtype")).replace("torch.", "") for a in args
+                              if isinstance(a, tensor_type)), "")
+        else:
+            signature = ", ".join(filter(None, (_describe(a, tensor_type) for a in args)))
         path, line = frames.user_frame(sys._getframe(1))
         key = guard.group_key(group)
         seq = guard.record(key, name, signature, path, line)
