@@ -9,14 +9,15 @@ from __future__ import annotations
 
 import os
 import socket
+import subprocess
 import sys
 import time
 import uuid
 
 import pytest
 
-from guard_helpers import (FIXTURES, GuardResult, assert_no_leftovers, finish, forklaunch, planted, run_guard,
-                           start_guard, waited_seconds)
+from guard_helpers import (FIXTURES, REPO, GuardResult, assert_no_leftovers, finish, forklaunch, guard_env, planted,
+                           run_guard, start_guard, waited_seconds)
 
 pytestmark = pytest.mark.slow
 STALL = "3"
@@ -165,3 +166,18 @@ def test_clean_horovod_job_is_silent() -> None:
                              str(FIXTURES / "clean_horovod.py")])
     assert run.returncode == 0, run.stderr[-3000:]
     assert run.report["findings"] == []
+
+
+def test_guard_installed_in_code_without_the_command() -> None:
+    mark = uuid.uuid4().hex
+    env = guard_env(mark)
+    started = time.monotonic()
+    result = subprocess.run(forklaunch(3, "installed_in_code.py"), cwd=REPO, env=env, capture_output=True, text=True,
+                            timeout=150)
+    assert_no_leftovers(mark)
+    line = planted("installed_in_code.py", "GRD001")
+    # Rank 0 printed the findings on its stderr, then every rank was stopped through the side channel.
+    assert (f"fixtures/guard/installed_in_code.py:{line}: GRD001 [rank 1] rank 1 called all_reduce(float32[3])"
+            in result.stderr), result.stderr[-3000:]
+    assert ": GRD002 [ranks 0,1,2]" in result.stderr and "the job was stopped" in result.stderr
+    assert result.returncode != 0 and time.monotonic() - started < 120
