@@ -387,6 +387,9 @@ class Doctor:
             for r, seconds in times.items():
                 self.windows.setdefault(r, deque(maxlen=window)).append(seconds)
             self.slowest.append(max(times, key=lambda r: times[r]))
+        # A rank that never steps an optimizer leaves the others' steps incomplete: keep a bounded tail.
+        for step in sorted(self.steps)[:-4 * window]:
+            del self.steps[step]
         if self.world_size < 2 or len(self.slowest) < window:
             return
         medians = {r: statistics.median(w) for r, w in self.windows.items() if len(w) == window}

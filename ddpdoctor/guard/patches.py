@@ -172,7 +172,7 @@ def _hash_before_forward(ddp: Any, module: Any, inputs: Any) -> None:
     # Inside DDP's forward, after it broadcast the buffers and before the module runs: the moment
     # when every replica's parameters and buffers must be bit-identical.
     guard = rank.current
-    if guard is None or guard.hash_due is None:
+    if guard is None or guard.hash_due is None or guard.closed:
         return
     step, guard.hash_due = guard.hash_due, None
     try:

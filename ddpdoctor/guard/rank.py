@@ -195,7 +195,8 @@ class RankGuard:
     def record(self, group: str, op: str, signature: str, path: str, line: int) -> int:
         seq = self.seq.get(group, 0)
         self.seq[group] = seq + 1
-        self.events.append((group, seq, op, signature, path, line))
+        if not self.closed:  # once the guard is gone, nothing may pile up
+            self.events.append((group, seq, op, signature, path, line))
         self.event_total += 1
         return seq
 
@@ -206,13 +207,15 @@ class RankGuard:
     def on_step(self) -> None:
         now = time.monotonic()
         self.step += 1
-        if self.last_step_at is not None:
+        if self.last_step_at is not None and not self.closed:
             self.step_times.append((self.step, max(0.0, now - self.last_step_at - self.waited)))
         self.last_step_at, self.waited = now, 0.0
         if self.step % self.options.every == 0:
             self.hash_due = self.step
 
     def report_local(self, code: str, message: str, path: str, line: int, epoch: Optional[int] = None) -> None:
+        if self.closed:
+            return
         self.local_findings.append({"code": code, "message": message, "path": path, "line": line,
                                     "step": self.step, "epoch": epoch})
 
@@ -288,10 +291,17 @@ def start(options: GuardOptions) -> Optional[RankGuard]:
             return None
         os.environ[ACTIVE_ENV] = str(os.getpid())
         current = guard
+        # A forked child (a DataLoader worker) is not this rank: it must not record or report.
+        os.register_at_fork(after_in_child=_forget_in_child)
         from ddpdoctor.guard import patches
 
         patches.patch_training()
         return guard
+
+
+def _forget_in_child() -> None:
+    global current
+    current = None
 
 
 def _drain(queue: "deque[Any]") -> list[Any]:
