@@ -58,18 +58,21 @@ class RankState:
     loaders: dict[str, list[Any]] = field(default_factory=dict)
     # The last few calls by (group, seq), to say what a waiting rank waits in.
     recent: dict[tuple[str, int], Fingerprint] = field(default_factory=dict)
+    # Grows with every collective, batch and optimizer step the rank reports: a busy rank is not stuck.
+    progress: int = 0
     stacks: list[list[tuple[str, int, str]]] = field(default_factory=list)
 
 
 @dataclass
 class _Pending:
-    """A diagnosis waiting for the stacks it will quote."""
+    """A diagnosis waiting for the stack samples it will quote (or that will call it off)."""
 
-    code: str
     ranks: set[int]
     asked_at: float
     samples_wanted: int
-    build: Callable[[dict[int, list[list[tuple[str, int, str]]]]], Finding]
+    interval: float
+    build: Callable[[dict[int, list[list[tuple[str, int, str]]]]], Optional[Finding]]
+    since: dict[int, int] = field(default_factory=dict)
     next_ask: float = 0.0
     asked: int = 0
 
@@ -97,6 +100,7 @@ class Doctor:
         self.reported: set[Any] = set()
         self.pending: list[_Pending] = []
         self.stop_requested: Optional[str] = None
+        self.stall_quiet_until = 0.0
 
     # ------------------------------------------------------------------ input
 
@@ -133,6 +137,7 @@ class Doctor:
             state.loaders.update(message.get("loaders", {}))
             for item in message.get("local", ()):
                 self._local(rank, item, now)
+            state.progress = int(message.get("progress", state.progress))
             if message.get("final"):
                 state.finished = True
 
@@ -255,18 +260,37 @@ class Doctor:
             kinds = {(calls[r][0], calls[r][1]) for r in waiting if r in calls}
             if not missing and len(kinds) <= 1:
                 continue  # everyone is in the same collective: slow, not stalled
+            if now < self.stall_quiet_until:
+                return
             self.reported.add("GRD002")
-            waited = now - since
             live_missing = {r for r in missing if r in self.ranks and self.ranks[r].connected}
-            for r in live_missing:
-                self.send(r, {"t": "stack"})
-            self.pending.append(_Pending("GRD002", live_missing, now, 1, functools.partial(
-                self._stall_finding, group, seq, waiting, missing, calls, waited)))
+            progress = {r: self.ranks[r].progress for r in live_missing}
+            # Two stack samples a second apart: a rank that moves on, or draws batches, is busy
+            # (rank 0 evaluating while the others wait at a barrier), not stalled.
+            self._ask(live_missing, 2 if live_missing else 0, 1.0, functools.partial(
+                self._stall_finding, group, seq, waiting, missing, calls, since, progress))
             return
 
+    def _ask(self, ranks: set[int], samples: int, interval: float,
+             build: Callable[[dict[int, list[list[tuple[str, int, str]]]]], Optional[Finding]]) -> None:
+        now = self.clock()
+        pending = _Pending(ranks, now, samples, interval, build, since={r: len(self.ranks[r].stacks) for r in ranks},
+                           next_ask=now + interval, asked=1 if samples else 0)
+        if samples:
+            for r in ranks:
+                self.send(r, {"t": "stack"})
+        self.pending.append(pending)
+
     def _stall_finding(self, group: str, seq: int, waiting: set[int], missing: set[int],
-                       calls: dict[int, Fingerprint], waited: float,
-                       stacks: dict[int, list[list[tuple[str, int, str]]]]) -> Finding:
+                       calls: dict[int, Fingerprint], since: float, progress: dict[int, int],
+                       stacks: dict[int, list[list[tuple[str, int, str]]]]) -> Optional[Finding]:
+        busy = [r for r, before in progress.items() if r in self.ranks and self.ranks[r].connected and (
+            self.ranks[r].progress != before or len({tuple(s[:1]) for s in stacks.get(r, [])}) > 1)]
+        if busy:
+            self.reported.discard("GRD002")
+            self.stall_quiet_until = self.clock() + self.options.stall_timeout / 2
+            return None
+        waited = self.clock() - since
         by_call: dict[Fingerprint, list[int]] = {}
         for r in sorted(waiting):
             if r in calls:
@@ -304,14 +328,14 @@ class Doctor:
     def _pending_stacks(self, final: bool) -> None:
         now = self.clock()
         for pending in list(self.pending):
-            stacks = {r: self.ranks[r].stacks for r in pending.ranks if r in self.ranks}
-            if pending.samples_wanted > 1 and pending.asked < pending.samples_wanted and now >= pending.next_ask:
+            stacks = {r: self.ranks[r].stacks[pending.since.get(r, 0):] for r in pending.ranks if r in self.ranks}
+            if pending.asked < pending.samples_wanted and now >= pending.next_ask:
                 for r in pending.ranks:
                     self.send(r, {"t": "stack"})
                 pending.asked += 1
-                pending.next_ask = now + 0.2
+                pending.next_ask = now + pending.interval
             have = all(len(stacks.get(r, [])) >= pending.samples_wanted for r in pending.ranks)
-            if have or final or now - pending.asked_at > STACK_WAIT_S + 0.2 * pending.samples_wanted:
+            if have or final or now - pending.asked_at > STACK_WAIT_S + pending.interval * pending.samples_wanted:
                 self.pending.remove(pending)
                 pending.build(stacks)
 
@@ -401,10 +425,8 @@ class Doctor:
             if (median >= self.options.straggler_ratio * others and median - others >= self.options.straggler_min_excess
                     and slowest_share >= 0.75):
                 self.reported.add(("GRD006", r))
-                self.send(r, {"t": "stack"})
-                self.pending.append(_Pending("GRD006", {r}, self.clock(), STRAGGLER_SAMPLES, functools.partial(
-                    self._straggler_finding, r, median, others, slowest_share)))
-                self.pending[-1].asked = 1
+                self._ask({r}, STRAGGLER_SAMPLES, 0.2, functools.partial(
+                    self._straggler_finding, r, median, others, slowest_share))
 
     def _straggler_finding(self, r: int, median: float, others: float, share: float,
                            stacks: dict[int, list[list[tuple[str, int, str]]]]) -> Finding:

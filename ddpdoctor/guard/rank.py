@@ -67,6 +67,7 @@ class RankGuard:
         self.loaders: dict[str, LoaderEpoch] = {}
         self.dirty_loaders: set[str] = set()
         self.join_depth = 0
+        self.batches = 0
         self.group_keys: dict[int, tuple[str, Any]] = {}
         self.main_ident = threading.main_thread().ident
         self.sock: Optional[socket.socket] = None
@@ -157,7 +158,7 @@ class RankGuard:
                 loaders[key] = [state.path, state.line, state.epoch, state.count, state.done, state.syncing,
                                 state.joined]
         inflight = self.inflight
-        message: dict[str, Any] = {"t": "state"}
+        message: dict[str, Any] = {"t": "state", "progress": self.event_total + self.step + self.batches}
         if events:
             message["ev"] = events
         if steps:
@@ -171,7 +172,7 @@ class RankGuard:
         message["inflight"] = None if inflight is None else [inflight[0], inflight[1], time.monotonic() - inflight[2]]
         if final:
             message["final"] = True
-        if len(message) > 2 or final or time.monotonic() - self.last_sent > 1.0 or inflight is not None:
+        if len(message) > 3 or final or time.monotonic() - self.last_sent > 1.0 or inflight is not None:
             self._send(message)
 
     # ------------------------------------------------------------------ what the patches call
@@ -237,6 +238,7 @@ class RankGuard:
 
     def on_batch(self, state: LoaderEpoch) -> None:
         state.count += 1
+        self.batches += 1
         self._note_sync(state)
         if self.join_depth:
             state.joined = True

@@ -107,14 +107,43 @@ def test_stall_names_the_missing_rank_with_its_stack_and_asks_to_stop() -> None:
     h.clock.now += 0.2
     h.doctor.tick()
     assert h.sent == [(1, {"t": "stack"})]
-    h.doctor.ingest(1, {"t": "stack", "frames": [["train.py", 27, "load"], ["train.py", 40, "main"]]})
+    frames = {"t": "stack", "frames": [["train.py", 27, "load"], ["train.py", 40, "main"]]}
+    h.doctor.ingest(1, frames)
+    h.doctor.tick()
+    assert h.printed == []  # a second sample, a second later, tells stuck from busy
+    h.clock.now += 1.0
+    h.doctor.tick()
+    assert h.sent == [(1, {"t": "stack"})] * 2
+    h.doctor.ingest(1, frames)
     h.doctor.tick()
     (finding,) = h.printed
     assert finding.code == "GRD002" and finding.details["ranks"] == [1]
     assert (finding.path, finding.line) == ("train.py", 27)
-    assert "ranks 0, 2 waited 5.1 s in barrier() at train.py:30" in finding.message
+    assert "ranks 0, 2 waited 6.1 s in barrier() at train.py:30" in finding.message
     assert "rank 1 is at train.py:27 in load ← train.py:40 in main" in finding.message
     assert h.doctor.stop_requested == "GRD002"
+
+
+def test_a_busy_rank_is_not_stalled_until_it_stops_moving() -> None:
+    h = Harness(2, stall_timeout=5.0)
+    h.state(0, ev=[["W", 0, "barrier", "", "train.py", 9]], inflight=["W", 0, 6.0])
+    h.state(1, progress=10)
+    h.doctor.tick()
+    h.doctor.ingest(1, {"t": "stack", "frames": [["eval.py", 3, "evaluate"]]})
+    h.clock.now += 1.0
+    h.state(1, progress=11)  # rank 1 drew another evaluation batch
+    h.doctor.tick()
+    h.doctor.ingest(1, {"t": "stack", "frames": [["eval.py", 3, "evaluate"]]})
+    h.doctor.tick()
+    assert h.printed == [] and h.doctor.stop_requested is None
+    h.clock.now += 3.0  # quiet for half the stall timeout, then checked again: now it is stuck
+    h.state(0, inflight=["W", 0, 10.0])
+    for _ in range(2):
+        h.doctor.tick()
+        h.doctor.ingest(1, {"t": "stack", "frames": [["eval.py", 7, "evaluate"]]})
+        h.clock.now += 1.0
+    h.doctor.tick()
+    assert [f.code for f in h.printed] == ["GRD002"] and "rank 1 is at eval.py:7" in h.printed[0].message
 
 
 def test_everyone_waiting_in_the_same_collective_is_not_a_stall() -> None:
