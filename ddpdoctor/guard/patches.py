@@ -256,10 +256,11 @@ def _patch_dataloader() -> None:
             sampler = self.sampler if isinstance(self.sampler, DistributedSampler) else getattr(
                 self.batch_sampler, "sampler", None)
             if isinstance(sampler, DistributedSampler) and sampler.shuffle:
-                seen: set[int] = sampler.__dict__.setdefault("_ddpdoctor_epochs", set())
-                if sampler.epoch in seen:
+                # Epochs whose pass ran to its end: a peek (`next(iter(loader))`) is not an epoch.
+                completed: set[int] = sampler.__dict__.setdefault("_ddpdoctor_epochs", set())
+                if sampler.epoch in completed:
                     state.repeat_suspect = sampler.epoch
-                seen.add(sampler.epoch)
+                state.sampler_epochs, state.sampler_epoch = completed, sampler.epoch
         return iterator
 
     @functools.wraps(original_next)

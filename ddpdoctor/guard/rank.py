@@ -32,7 +32,8 @@ class LoaderEpoch:
     """One pass over one DataLoader on this rank."""
 
     __slots__ = ("key", "path", "line", "epoch", "count", "done", "syncing", "joined",
-                 "events_seen", "backwards_at_start", "repeat_suspect", "reported_repeat")
+                 "events_seen", "backwards_at_start", "repeat_suspect", "reported_repeat", "sampler_epochs",
+                 "sampler_epoch")
 
     def __init__(self, key: str, path: str, line: int, epoch: int, events_seen: int, backwards: int) -> None:
         self.key, self.path, self.line, self.epoch = key, path, line, epoch
@@ -42,6 +43,9 @@ class LoaderEpoch:
         self.backwards_at_start = backwards
         self.repeat_suspect: Optional[int] = None  # the repeated sampler epoch, until a backward confirms it
         self.reported_repeat = False
+        # The shuffling DistributedSampler's completed epochs, and the epoch this pass runs with.
+        self.sampler_epochs: Optional[set[int]] = None
+        self.sampler_epoch = 0
 
 
 class RankGuard:
@@ -255,6 +259,8 @@ class RankGuard:
     def on_loader_end(self, state: LoaderEpoch) -> None:
         self._note_sync(state)
         state.done = True
+        if state.sampler_epochs is not None:
+            state.sampler_epochs.add(state.sampler_epoch)
         self.dirty_loaders.add(state.key)
         self.flush()  # the end of an epoch is what GRD005 compares: send it before any hang
 

@@ -27,7 +27,7 @@ from ddpdoctor.guard.server import SideChannel
 
 BOOTSTRAP_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "bootstrap")
 TICK_S = 0.25
-KILL_GRACE_S = 3.0
+KILL_GRACE_S = 5.0
 
 
 class UsageError(Exception):
