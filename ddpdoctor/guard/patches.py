@@ -30,6 +30,7 @@ _SHAPES_MAY_DIFFER = frozenset({"all_gather", "all_to_all", "all_to_all_single",
                                 "reduce_scatter"})
 _MARK = "__ddpdoctor_guard__"
 _training_patched = False
+_late_start_tried = False
 
 
 def patch_collectives(dist: Any) -> None:
@@ -54,7 +55,9 @@ def _tensor_type() -> type:
 def _wrap_init(init: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(init)
     def init_process_group(*args: Any, **kwargs: Any) -> Any:
+        global _late_start_tried
         result = init(*args, **kwargs)
+        _late_start_tried = True  # one attempt per process: a guard that cannot be reached costs once
         options = GuardOptions.from_env()
         if options is not None:
             try:
@@ -89,6 +92,8 @@ def _wrap_collective(name: str, function: Callable[..., Any], tensor_type: type)
     @functools.wraps(function)
     def collective(*args: Any, **kwargs: Any) -> Any:
         guard = rank.current
+        if guard is None and not _late_start_tried:
+            guard = _late_start()
         if guard is None or guard.closed:
             return function(*args, **kwargs)
         group = kwargs.get("group") if "group" in kwargs else (args[group_at] if 0 <= group_at < len(args) else None)
@@ -108,6 +113,22 @@ def _wrap_collective(name: str, function: Callable[..., Any], tensor_type: type)
             guard.after_wait(started)
 
     return collective
+
+
+def _late_start() -> "rank.RankGuard | None":
+    """The process group was started without `torch.distributed.init_process_group` (a framework that
+    calls distributed_c10d directly): become a guarded rank at the first collective instead."""
+    global _late_start_tried
+    _late_start_tried = True
+    options = GuardOptions.from_env()
+    dist = sys.modules.get("torch.distributed")
+    if options is None or dist is None or not dist.is_initialized():
+        return None
+    try:
+        return rank.start(options)
+    except Exception as error:  # noqa: BLE001
+        _debug(error)
+        return None
 
 
 def patch_training() -> None:
