@@ -58,7 +58,7 @@ def main() -> None:
       ddpdoctor lint train.py        static checks, never runs your code
       ddpdoctor probe --nproc 4      launch real ranks and prove they agree
       ddpdoctor env                  the environment doctor (GPUs, NCCL, launch variables)
-      ddpdoctor guard -- torchrun ...  run your job with the doctor inside every rank
+      ddpdoctor guard -- CMD ...     run your job with the doctor inside every rank
       ddpdoctor rules / explain CODE the rule catalog
     """
 

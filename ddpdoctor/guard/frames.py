@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import os
 import sys
 import sysconfig
@@ -48,6 +49,7 @@ def stack_of(frame: Optional[types.FrameType], limit: int = 8) -> list[tuple[str
     return frames
 
 
+@functools.lru_cache(maxsize=1024)  # os.path.relpath costs ~100 µs: once per file, not per collective
 def display_path(filename: str) -> str:
     """Relative to the working directory when inside it, as the lint reports paths."""
     try:
