@@ -32,7 +32,7 @@ RULES_URL = "https://github.com/ddpdoctor/ddpdoctor/blob/main/rules/{code}.md"
 _FRONT_MATTER = re.compile(r"\A---\n(.*?)\n---\n", re.DOTALL)
 _FENCE = re.compile(r"```python\n(.*?)```", re.DOTALL)
 REQUIRED_KEYS = ("code", "name", "severity", "default", "fixable", "kind", "summary")
-KINDS = ("lint", "env", "probe")
+KINDS = ("lint", "env", "probe", "guard")
 
 
 class CatalogError(Exception):

@@ -68,6 +68,7 @@ def main() -> None:
       ddpdoctor lint train.py        static checks, never runs your code
       ddpdoctor probe --nproc 4      launch real ranks and prove they agree
       ddpdoctor env                  the environment doctor (GPUs, NCCL, launch variables)
+      ddpdoctor guard -- CMD ...     run your job with the doctor inside every rank
       ddpdoctor rules / explain CODE the rule catalog
     """
 
@@ -267,7 +268,7 @@ def _write_fix(result: "FileResult") -> None:
 
 @main.command()
 @click.option("--format", "output_format", type=click.Choice(["text", "json"]), default="text", show_default=True)
-@click.option("--all", "show_all", is_flag=True, help="Include the env checks (ENV codes) too.")
+@click.option("--all", "show_all", is_flag=True, help="Include the env and guard checks (ENV and GRD codes) too.")
 def rules(output_format: str, show_all: bool) -> None:
     """List the rules: code, name, severity, default on/off, fixable."""
     catalog = [i for i in load_catalog().values() if show_all or i.kind == "lint"]
@@ -329,8 +330,9 @@ def explain(code: str, output_format: str) -> None:
 
 
 def _attach_optional_commands() -> None:
-    """`probe` and `env` live in their own packages; their modules import torch lazily."""
-    for module_name, attribute in (("ddpdoctor.probe.command", "probe"), ("ddpdoctor.env.command", "env")):
+    """`probe`, `env` and `guard` live in their own packages; their modules import torch lazily."""
+    for module_name, attribute in (("ddpdoctor.probe.command", "probe"), ("ddpdoctor.env.command", "env"),
+                                   ("ddpdoctor.guard.command", "guard")):
         try:
             module = __import__(module_name, fromlist=[attribute])
         except ImportError:

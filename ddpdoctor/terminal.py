@@ -4,16 +4,17 @@ from __future__ import annotations
 
 import os
 import sys
-from typing import Iterable, Optional, Sequence
+from typing import Iterable, Optional, Sequence, TextIO
 
 
-def use_color(output_file: Optional[str] = None) -> bool:
-    """Colour only on a terminal, never into a file; NO_COLOR wins over FORCE_COLOR."""
+def use_color(output_file: Optional[str] = None, stream: Optional[TextIO] = None) -> bool:
+    """Colour only on a terminal (standard output unless `stream` is given), never into a file;
+    NO_COLOR wins over FORCE_COLOR."""
     if output_file or os.environ.get("NO_COLOR"):
         return False
     if os.environ.get("FORCE_COLOR"):
         return True
-    return sys.stdout.isatty()
+    return (stream or sys.stdout).isatty()
 
 
 def rich_output(output_file: Optional[str] = None) -> bool:

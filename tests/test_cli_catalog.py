@@ -12,6 +12,7 @@ from ddpdoctor.cli import main
 
 LINT_CODES = sorted(c for c, i in load_catalog().items() if i.kind == "lint")
 ENV_CODES = sorted(c for c, i in load_catalog().items() if i.kind == "env")
+GUARD_CODES = sorted(c for c, i in load_catalog().items() if i.kind == "guard")
 
 
 def invoke(*args: str):
@@ -40,7 +41,8 @@ def test_rules_json_and_all() -> None:
         "kind": "lint", "summary": amp001["summary"], "help_uri": amp001["help_uri"],
     }
     everything = json.loads(invoke("rules", "--all", "--format", "json").output)
-    assert {r["code"] for r in everything} == set(LINT_CODES) | set(ENV_CODES)
+    assert {r["code"] for r in everything} == set(LINT_CODES) | set(ENV_CODES) | set(GUARD_CODES)
+    assert GUARD_CODES == [f"GRD00{n}" for n in range(1, 8)]
 
 
 def test_explain_prints_the_page_and_is_case_insensitive() -> None:

@@ -36,7 +36,7 @@ def test_cli_import_does_not_import_torch() -> None:
     )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stderr
-    for command in ("lint", "rules", "explain", "probe", "env"):
+    for command in ("lint", "rules", "explain", "probe", "env", "guard"):
         assert f"'{command}'" in result.stdout
 
 
@@ -58,6 +58,8 @@ def test_wheel_ships_the_catalog(tmp_path: Path) -> None:
     shipped = load_catalog(str(tmp_path / "unpacked" / "ddpdoctor" / "_catalog"))
     assert set(shipped) == set(load_catalog())
     assert not any(n.startswith(("tests/", "fixtures/")) for n in names)
+    # The guard's bootstrap, which `ddpdoctor guard` puts on the ranks' PYTHONPATH.
+    assert "ddpdoctor/guard/bootstrap/sitecustomize.py" in names
 
 
 @pytest.mark.slow

@@ -1,0 +1,67 @@
+"""`ddpdoctor guard [OPTIONS] -- COMMAND [ARGS]...`: the doctor inside the user's own job."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Optional, Sequence
+
+import click
+
+from ddpdoctor.guard.options import GuardOptions
+from ddpdoctor.guard.report import Printer, report_dict
+
+
+def _fail(message: str) -> click.exceptions.Exit:
+    click.echo(f"ddpdoctor: error: {message}", err=True)
+    return click.exceptions.Exit(2)
+
+
+@click.command(context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False,
+                                 "help_option_names": ["-h", "--help"]})
+@click.option("--stall-timeout", type=click.FloatRange(min=0.5), default=60.0, show_default=True,
+              help="Seconds some ranks may wait in a collective for the others before GRD002.")
+@click.option("--every", type=click.IntRange(min=1), default=100, show_default=True,
+              help="Compare parameter and buffer hashes every N optimizer steps (GRD003).")
+@click.option("--straggler-window", type=click.IntRange(min=3), default=20, show_default=True,
+              help="Optimizer steps over which step times are compared (GRD006).")
+@click.option("--on-stall", type=click.Choice(["stop", "report"]), default="stop", show_default=True,
+              help="Stop the job after a stall is diagnosed, or only report it.")
+@click.option("--store", metavar="HOST:PORT",
+              help="Where the side channel listens (default: loopback, or next to a multi-node rendezvous port).")
+@click.option("--report", "report_file", type=click.Path(dir_okay=False, writable=True),
+              help="Write the JSON report to this file.")
+@click.option("--format", "output_format", type=click.Choice(["text", "json"]), default="text", show_default=True,
+              help="json: print the report on stdout (the command's own stdout goes to stderr).")
+@click.argument("command", nargs=-1, type=click.UNPROCESSED)
+def guard(stall_timeout: float, every: int, straggler_window: int, on_stall: str, store: Optional[str],
+          report_file: Optional[str], output_format: str, command: Sequence[str]) -> None:
+    """Run a training job with the guard in every rank: ddpdoctor guard -- torchrun ... train.py
+
+    Names the rank whose collectives do not match the others' (GRD001), that stalls the job
+    (GRD002), whose replica diverged (GRD003), that repeats an epoch's order (GRD004), that draws
+    more batches (GRD005), that is a straggler (GRD006) or uses the wrong GPU (GRD007). Exit status:
+    the command's own when it failed, else 1 with findings, 0 without, 2 for a usage error.
+    """
+    from ddpdoctor.guard.run import UsageError, run
+
+    options = GuardOptions(stall_timeout=stall_timeout, every=every, straggler_window=straggler_window,
+                           on_stall=on_stall)
+    printer = Printer()
+    try:
+        outcome = run(command, options, printer, store=store, stdout_to_stderr=output_format == "json")
+    except UsageError as error:
+        raise _fail(str(error)) from None
+    payload = report_dict(outcome.command, outcome.exit_code, outcome.world_size, outcome.findings)
+    if outcome.role == "follower":
+        payload["diagnosed_by"] = outcome.store
+    if report_file:
+        try:
+            Path(report_file).write_text(json.dumps(payload, indent=2) + "\n", encoding="utf-8")
+        except OSError as error:
+            raise _fail(f"cannot write {report_file}: {error.strerror or error}") from None
+    if output_format == "json":
+        click.echo(json.dumps(payload, indent=2))
+    else:
+        printer.summary(outcome.findings, outcome.world_size, outcome.exit_code)
+    raise click.exceptions.Exit(outcome.exit_code)

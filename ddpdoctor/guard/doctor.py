@@ -1,0 +1,467 @@
+"""The guard's diagnosis: what the ranks reported, turned into GRD findings.
+
+Fed by the side-channel server (`ingest`, one message at a time, under one lock) and asked every
+few hundred milliseconds (`tick`) what is new. It never talks to torch; it may ask a rank for its
+stack or tell every rank to stop through the `send` callback it is given.
+"""
+
+from __future__ import annotations
+
+import functools
+import statistics
+import threading
+import time
+from collections import Counter, deque
+from dataclasses import dataclass, field
+from typing import Any, Callable, Optional
+
+from ddpdoctor.catalog import rule_info
+from ddpdoctor.findings import Finding, Severity
+from ddpdoctor.guard.options import GuardOptions
+
+Send = Callable[[int, dict[str, Any]], None]
+Fingerprint = tuple[str, str, str, int]  # op, signature, path, line
+
+GUARD_CODES = ("GRD001", "GRD002", "GRD003", "GRD004", "GRD005", "GRD006", "GRD007")
+# How long an incomplete position in the sequence may wait for the other ranks before it is judged.
+INCOMPLETE_AFTER_S = 1.0
+STACK_WAIT_S = 1.5
+STRAGGLER_SAMPLES = 4
+
+
+def _name_and_severity(code: str) -> tuple[str, Severity]:
+    # The catalog page (rules/GRDnnn.md) is where a code's name and severity are written down.
+    info = rule_info(code)
+    return (info.name, info.severity) if info is not None else (code.lower(), Severity.ERROR)
+
+
+def ranks_text(ranks: "list[int] | set[int]") -> str:
+    ordered = sorted(ranks)
+    return ("rank " if len(ordered) == 1 else "ranks ") + ", ".join(map(str, ordered))
+
+
+def describe(fingerprint: Fingerprint) -> str:
+    op, signature, path, line = fingerprint
+    return f"{op}({signature}) at {path}:{line}"
+
+
+@dataclass
+class RankState:
+    rank: int
+    world_size: int
+    local_rank: Optional[int] = None
+    host: str = ""
+    connected: bool = True
+    finished: bool = False
+    next_seq: dict[str, int] = field(default_factory=dict)
+    inflight: Optional[tuple[str, int, float]] = None  # group, seq, since (this process's monotonic clock)
+    loaders: dict[str, list[Any]] = field(default_factory=dict)
+    # The last few calls by (group, seq), to say what a waiting rank waits in.
+    recent: dict[tuple[str, int], Fingerprint] = field(default_factory=dict)
+    # Grows with every collective, batch and optimizer step the rank reports: a busy rank is not stuck.
+    progress: int = 0
+    stacks: list[list[tuple[str, int, str]]] = field(default_factory=list)
+
+
+@dataclass
+class _Pending:
+    """A diagnosis waiting for the stack samples it will quote (or that will call it off)."""
+
+    ranks: set[int]
+    asked_at: float
+    samples_wanted: int
+    interval: float
+    build: Callable[[dict[int, list[list[tuple[str, int, str]]]]], Optional[Finding]]
+    since: dict[int, int] = field(default_factory=dict)
+    next_ask: float = 0.0
+    asked: int = 0
+
+
+class Doctor:
+    def __init__(self, options: GuardOptions, send: Send, on_finding: Callable[[Finding], None],
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.options = options
+        self.send = send
+        self.on_finding = on_finding
+        self.clock = clock
+        self.lock = threading.RLock()
+        self.ranks: dict[int, RankState] = {}
+        self.world_size = 0
+        self.sequence: dict[str, dict[int, dict[int, Fingerprint]]] = {}
+        self.first_seen: dict[tuple[str, int], float] = {}
+        self.desynced: set[str] = set()
+        self.hashes: dict[int, dict[int, dict[str, Any]]] = {}
+        self.steps: dict[int, dict[int, float]] = {}
+        self.windows: dict[int, deque[float]] = {}
+        self.slowest: deque[int] = deque(maxlen=options.straggler_window)
+        self.local: dict[tuple[str, str, int, str], Finding] = {}
+        self.local_seen: dict[tuple[str, str, int, str], float] = {}
+        self.findings: list[Finding] = []
+        self.reported: set[Any] = set()
+        self.pending: list[_Pending] = []
+        self.stop_requested: Optional[str] = None
+        self.stall_quiet_until = 0.0
+
+    # ------------------------------------------------------------------ input
+
+    def ingest(self, rank: int, message: dict[str, Any]) -> None:
+        with self.lock:
+            state = self.ranks.get(rank)
+            kind = message.get("t")
+            if kind == "hello":
+                self.ranks[rank] = RankState(rank, int(message.get("world_size", 0)), message.get("local_rank"),
+                                             str(message.get("host", "")))
+                self.world_size = max(self.world_size, int(message.get("world_size", 0)))
+                return
+            if state is None:
+                return
+            if kind == "stack":
+                state.stacks.append([tuple(f) for f in message.get("frames", [])])  # type: ignore[misc]
+                return
+            if kind != "state":
+                return
+            now = self.clock()
+            for group, seq, op, signature, path, line in message.get("ev", ()):
+                self.sequence.setdefault(group, {}).setdefault(seq, {})[rank] = (op, signature, path, int(line))
+                self.first_seen.setdefault((group, seq), now)
+                state.next_seq[group] = max(state.next_seq.get(group, 0), seq + 1)
+                state.recent[(group, seq)] = (op, signature, path, int(line))
+                if len(state.recent) > 16:
+                    del state.recent[next(iter(state.recent))]
+            inflight = message.get("inflight")
+            state.inflight = None if not inflight else (inflight[0], int(inflight[1]), now - float(inflight[2]))
+            for step, seconds in message.get("steps", ()):
+                self.steps.setdefault(int(step), {})[rank] = float(seconds)
+            for entry in message.get("hashes", ()):
+                self.hashes.setdefault(int(entry["step"]), {})[rank] = entry
+            state.loaders.update(message.get("loaders", {}))
+            for item in message.get("local", ()):
+                self._local(rank, item, now)
+            state.progress = int(message.get("progress", state.progress))
+            if message.get("final"):
+                state.finished = True
+
+    def disconnected(self, rank: int) -> None:
+        with self.lock:
+            if rank in self.ranks:
+                self.ranks[rank].connected = False
+                self.ranks[rank].inflight = None
+
+    # ------------------------------------------------------------------ diagnosis
+
+    def tick(self, final: bool = False) -> None:
+        with self.lock:
+            self._uneven_batches()
+            self._mismatches(final)
+            self._divergence()
+            self._stragglers()
+            self._locals(final)
+            if not final:
+                self._stalls()
+            self._pending_stacks(final)
+
+    def _emit(self, code: str, ranks: "list[int] | set[int]", message: str, path: str, line: int,
+              step: Optional[int] = None, epoch: Optional[int] = None) -> Finding:
+        name, severity = _name_and_severity(code)
+        finding = Finding(code=code, name=name, severity=severity, message=message, path=path, line=line,
+                          source="guard", details={"ranks": sorted(ranks), "step": step, "epoch": epoch})
+        self.findings.append(finding)
+        self.on_finding(finding)
+        return finding
+
+    def _group_ranks(self, group: str) -> list[int]:
+        if group == "W":
+            return list(range(self.world_size))
+        return [int(r) for r in group.split(",") if r]
+
+    def _mismatches(self, final: bool) -> None:
+        now = self.clock()
+        if any(f.code == "GRD005" for f in self.findings):
+            return  # uneven batches already explain every misaligned collective that follows
+        for group, positions in self.sequence.items():
+            members = self._group_ranks(group)
+            for seq in sorted(positions):
+                calls = positions[seq]
+                complete = all(r in calls for r in members)
+                if group in self.desynced:
+                    del positions[seq]
+                    continue
+                distinct = set((fp[0], fp[1]) for fp in calls.values())
+                if len(distinct) <= 1:
+                    if complete:
+                        del positions[seq]
+                        self.first_seen.pop((group, seq), None)
+                        continue
+                    break  # keep order: judge later positions only after this one
+                young = not final and now - self.first_seen.get((group, seq), now) < INCOMPLETE_AFTER_S
+                if young and (not complete or self._extra_side(calls, positions.get(seq + 1, {})) is False):
+                    break  # wait for the others and, in a tie, for what each calls next (it tells an extra call)
+                self._report_mismatch(group, seq, calls, positions.get(seq + 1, {}))
+                self.desynced.add(group)
+                del positions[seq]
+
+    @staticmethod
+    def _extra_side(calls: dict[int, Fingerprint], following: dict[int, Fingerprint]) -> "list[int] | bool | None":
+        """The ranks that made an extra call; None when a majority decides instead; False: not known yet.
+
+        In a tie, a side whose next call is what the other side called here made the extra call.
+        """
+        sides: dict[tuple[str, str], list[int]] = {}
+        for r, fp in sorted(calls.items()):
+            sides.setdefault((fp[0], fp[1]), []).append(r)
+        sizes = sorted((len(rs) for rs in sides.values()), reverse=True)
+        if len(sizes) < 2 or sizes[0] > sizes[1]:
+            return None
+        for call, rs in sides.items():
+            others = {c for c in sides if c != call}
+            if len(others) == 1 and all(r in following and (following[r][0], following[r][1]) in others for r in rs):
+                return rs
+        return False
+
+    def _report_mismatch(self, group: str, seq: int, calls: dict[int, Fingerprint], following: dict[int, Fingerprint]) -> None:
+        by_call: dict[tuple[str, str], list[int]] = {}
+        for r, fp in sorted(calls.items()):
+            by_call.setdefault((fp[0], fp[1]), []).append(r)
+        ranked = sorted(by_call.items(), key=lambda item: (-len(item[1]), item[1]))
+        extra_side = self._extra_side(calls, following)
+        odd: Optional[list[int]] = extra_side if isinstance(extra_side, list) else None
+        if extra_side is None:
+            odd = [r for _, rs in ranked[1:] for r in rs]
+        if odd is not None:
+            first = calls[odd[0]]
+            rest = sorted(r for r in calls if r not in odd)
+            extra = " an extra" if isinstance(extra_side, list) else ""
+            message = (f"{ranks_text(odd)} called{extra} {describe(first)} while {ranks_text(rest)} called "
+                       f"{describe(calls[rest[0]])} (collective #{seq + 1} of "
+                       f"{'the world group' if group == 'W' else 'group ' + group}): the job hangs or mixes up data here")
+            self._emit("GRD001", odd, message, first[2], first[3])
+            return
+        parts = [f"{ranks_text(rs)} called {describe(calls[rs[0]])}" for _, rs in ranked]
+        first = calls[ranked[0][1][0]]
+        self._emit("GRD001", sorted(calls), f"at collective #{seq + 1}, " + " while ".join(parts)
+                   + ": the job hangs or mixes up data here", first[2], first[3])
+
+    def _stalls(self) -> None:
+        now = self.clock()
+        timeout = self.options.stall_timeout
+        if "GRD002" in self.reported:
+            return
+        for state in list(self.ranks.values()):
+            if state.inflight is None or now - state.inflight[2] < timeout:
+                continue
+            group, seq, since = state.inflight
+            members = self._group_ranks(group)
+            waiting = {r for r in members if self.ranks.get(r) and self.ranks[r].inflight
+                       and self.ranks[r].inflight[:2] == (group, seq)}  # type: ignore[index]
+            calls = {r: self.ranks[r].recent[(group, seq)] for r in waiting if (group, seq) in self.ranks[r].recent}
+            # Not waiting in this collective: not there yet, or stuck before it (in a forward, a
+            # sleep, a loader), or gone.
+            missing = set(members) - waiting
+            kinds = {(calls[r][0], calls[r][1]) for r in waiting if r in calls}
+            if not missing and len(kinds) <= 1:
+                continue  # everyone is in the same collective: slow, not stalled
+            if now < self.stall_quiet_until:
+                return
+            self.reported.add("GRD002")
+            live_missing = {r for r in missing if r in self.ranks and self.ranks[r].connected}
+            progress = {r: self.ranks[r].progress for r in live_missing}
+            # Two stack samples a second apart: a rank that moves on, or draws batches, is busy
+            # (rank 0 evaluating while the others wait at a barrier), not stalled.
+            self._ask(live_missing, 2 if live_missing else 0, 1.0, functools.partial(
+                self._stall_finding, group, seq, waiting, missing, calls, since, progress))
+            return
+
+    def _ask(self, ranks: set[int], samples: int, interval: float,
+             build: Callable[[dict[int, list[list[tuple[str, int, str]]]]], Optional[Finding]]) -> None:
+        now = self.clock()
+        pending = _Pending(ranks, now, samples, interval, build, since={r: len(self.ranks[r].stacks) for r in ranks},
+                           next_ask=now + interval, asked=1 if samples else 0)
+        if samples:
+            for r in ranks:
+                self.send(r, {"t": "stack"})
+        self.pending.append(pending)
+
+    def _stall_finding(self, group: str, seq: int, waiting: set[int], missing: set[int],
+                       calls: dict[int, Fingerprint], since: float, progress: dict[int, int],
+                       stacks: dict[int, list[list[tuple[str, int, str]]]]) -> Optional[Finding]:
+        busy = [r for r, before in progress.items() if r in self.ranks and self.ranks[r].connected and (
+            self.ranks[r].progress != before or len({tuple(s[:1]) for s in stacks.get(r, [])}) > 1)]
+        if busy:
+            self.reported.discard("GRD002")
+            self.stall_quiet_until = self.clock() + self.options.stall_timeout / 2
+            return None
+        waited = self.clock() - since
+        by_call: dict[Fingerprint, list[int]] = {}
+        for r in sorted(waiting):
+            if r in calls:
+                by_call.setdefault(calls[r], []).append(r)
+        waits = "; ".join(f"{ranks_text(rs)} waited {waited:.1f} s in {describe(fp)}" for fp, rs in by_call.items())
+        path, line = "<unknown>", 0
+        if missing:
+            doing = []
+            for r in sorted(missing):
+                state = self.ranks.get(r)
+                frames = (stacks.get(r) or [[]])[-1]
+                if state is None:
+                    doing.append(f"rank {r} never connected")
+                elif not state.connected:
+                    doing.append(f"rank {r} has {'finished' if state.finished else 'exited'}")
+                elif frames:
+                    where = " ← ".join(f"{p}:{ln} in {fn}" for p, ln, fn in frames[:3])
+                    doing.append(f"rank {r} is at {where}")
+                    if path == "<unknown>":
+                        path, line = frames[0][0], frames[0][1]
+                else:
+                    doing.append(f"rank {r} did not answer")
+            blamed = sorted(missing)
+            message = f"{waits}, and {ranks_text(blamed)} never arrived: " + "; ".join(doing)
+        else:
+            blamed = sorted(waiting)
+            message = f"{waits}: these collectives cannot match, so none of them will ever complete"
+            first = calls[blamed[0]]
+            path, line = first[2], first[3]
+        if self.options.on_stall == "stop":
+            message += "; the job was stopped"
+            self.stop_requested = "GRD002"
+        return self._emit("GRD002", blamed, message, path, line)
+
+    def _pending_stacks(self, final: bool) -> None:
+        now = self.clock()
+        for pending in list(self.pending):
+            stacks = {r: self.ranks[r].stacks[pending.since.get(r, 0):] for r in pending.ranks if r in self.ranks}
+            if pending.asked < pending.samples_wanted and now >= pending.next_ask:
+                for r in pending.ranks:
+                    self.send(r, {"t": "stack"})
+                pending.asked += 1
+                pending.next_ask = now + pending.interval
+            have = all(len(stacks.get(r, [])) >= pending.samples_wanted for r in pending.ranks)
+            if have or final or now - pending.asked_at > STACK_WAIT_S + pending.interval * pending.samples_wanted:
+                self.pending.remove(pending)
+                pending.build(stacks)
+
+    def _divergence(self) -> None:
+        for step in sorted(self.hashes):
+            reports = self.hashes[step]
+            if len(reports) < self.world_size:
+                continue
+            del self.hashes[step]
+            first_rank = min(reports)
+            names = reports[first_rank]["names"]
+            for index, name in enumerate(names):
+                values = {r: entry["values"][index] for r, entry in reports.items() if index < len(entry["values"])}
+                counts = Counter(values.values())
+                if len(counts) <= 1:
+                    continue
+                (majority, top), *rest = counts.most_common()
+                tie = rest and rest[0][1] == top
+                odd = sorted(values) if tie else sorted(r for r, v in values.items() if v != majority)
+                others = sorted(r for r in values if r not in odd)
+                if ("GRD003", tuple(odd)) in self.reported:
+                    continue  # one finding per set of odd ranks: its first differing tensor
+                self.reported.add(("GRD003", tuple(odd)))
+                differing = sum(1 for i in range(len(names)) if len({e["values"][i] for e in reports.values()
+                                                                     if i < len(e["values"])}) > 1)
+                versus = f"from {ranks_text(others)}" if others else "from each other"
+                entry = reports[odd[0]]
+                self._emit("GRD003", odd,
+                           f"after optimizer step {step}, {name!r} on {ranks_text(odd)} differs {versus} "
+                           f"({differing} of {len(names)} parameters and buffers differ; {name!r} is the first): "
+                           "the replicas no longer train the same model; something updated a parameter or buffer "
+                           "on some ranks only, after DDP's all-reduce (checked before the forward here)",
+                           entry.get("path", "<unknown>"), int(entry.get("line", 0)), step=step)
+
+    def _uneven_batches(self) -> None:
+        passes: dict[tuple[str, int], dict[int, list[Any]]] = {}
+        for r, state in self.ranks.items():
+            for key, snapshot in state.loaders.items():
+                passes.setdefault((key, int(snapshot[2])), {})[r] = snapshot
+        for (key, epoch), by_rank in passes.items():
+            if len(by_rank) < 2 or ("GRD005", key, epoch) in self.reported:
+                continue
+            if any(s[6] for s in by_rank.values()):
+                continue  # under Join, uneven inputs are handled
+            done = [s[3] for s in by_rank.values() if s[4]]
+            if not done or max(s[3] for s in by_rank.values()) <= min(done):
+                continue
+            if not all(s[5] or s[3] <= 1 for s in by_rank.values()):
+                continue  # no collective between batches: uneven counts do not hang anything
+            self.reported.add(("GRD005", key, epoch))
+            counts = {r: int(s[3]) for r, s in by_rank.items()}
+            shortest = min(done)
+            longer = sorted(r for r, c in counts.items() if c > shortest)
+            finished = sorted(r for r, s in by_rank.items() if s[4] and s[3] == shortest)
+            path, line = by_rank[longer[0]][0], int(by_rank[longer[0]][1])
+            counted = ", ".join(f"rank {r}: {c}{'' if by_rank[r][4] else '+'}" for r, c in sorted(counts.items()))
+            self._emit("GRD005", longer,
+                       f"in pass {epoch} over the loader iterated here, the ranks drew different numbers of batches "
+                       f"({counted}); {ranks_text(finished)} {'has' if len(finished) == 1 else 'have'} finished, so "
+                       f"the next collective of {ranks_text(longer)} has no partner and the job hangs there. Give "
+                       "every rank the same number of batches (DistributedSampler pads the shards; drop_last=True "
+                       "drops the uneven tail) or wrap the loop in torch.distributed.algorithms.Join([model]), "
+                       "which lets the finished ranks shadow the others' collectives",
+                       path, line, epoch=epoch)
+
+    def _stragglers(self) -> None:
+        window = self.options.straggler_window
+        for step in sorted(self.steps):
+            times = self.steps[step]
+            if len(times) < self.world_size:
+                continue
+            del self.steps[step]
+            for r, seconds in times.items():
+                self.windows.setdefault(r, deque(maxlen=window)).append(seconds)
+            self.slowest.append(max(times, key=lambda r: times[r]))
+        # A rank that never steps an optimizer leaves the others' steps incomplete: keep a bounded tail.
+        for step in sorted(self.steps)[:-4 * window]:
+            del self.steps[step]
+        if self.world_size < 2 or len(self.slowest) < window:
+            return
+        medians = {r: statistics.median(w) for r, w in self.windows.items() if len(w) == window}
+        for r, median in medians.items():
+            if ("GRD006", r) in self.reported:
+                continue
+            others = statistics.median(m for q, m in medians.items() if q != r)
+            slowest_share = sum(1 for s in self.slowest if s == r) / window
+            if (median >= self.options.straggler_ratio * others and median - others >= self.options.straggler_min_excess
+                    and slowest_share >= 0.75):
+                self.reported.add(("GRD006", r))
+                self._ask({r}, STRAGGLER_SAMPLES, 0.2, functools.partial(
+                    self._straggler_finding, r, median, others, slowest_share))
+
+    def _straggler_finding(self, r: int, median: float, others: float, share: float,
+                           stacks: dict[int, list[list[tuple[str, int, str]]]]) -> Finding:
+        # Where the rank spends its extra time: the most common top frame among a few samples.
+        tops = Counter((s[0][0], s[0][1], s[0][2]) for s in stacks.get(r, []) if s)
+        path, line, where = "<unknown>", 0, ""
+        if tops:
+            (path, line, function), seen = tops.most_common(1)[0]
+            where = f"; it was at {path}:{line} in {function} in {seen} of {sum(tops.values())} samples"
+        window = self.options.straggler_window
+        return self._emit("GRD006", [r],
+                          f"rank {r}'s median step time outside collectives over the last {window} optimizer steps "
+                          f"is {median * 1000:.1f} ms against {others * 1000:.1f} ms for the other ranks; it was the "
+                          f"slowest in {share:.0%} of them, and every step waits for it{where}", path, line)
+
+    def _local(self, rank: int, item: dict[str, Any], now: float) -> None:
+        key = (str(item["code"]), str(item["path"]), int(item["line"]), str(item["message"]))
+        existing = self.local.get(key)
+        if existing is not None:
+            if rank not in existing.details["ranks"]:
+                existing.details["ranks"].append(rank)
+                existing.details["ranks"].sort()
+            return
+        name, severity = _name_and_severity(key[0])
+        self.local[key] = Finding(code=key[0], name=name, severity=severity, message=str(item["message"]),
+                                  path=key[1], line=key[2], source="guard",
+                                  details={"ranks": [rank], "step": item.get("step"), "epoch": item.get("epoch")})
+        self.local_seen[key] = now
+
+    def _locals(self, final: bool) -> None:
+        # Collect the ranks that report the same thing for a moment, then print it once.
+        now = self.clock()
+        for key, seen in list(self.local_seen.items()):
+            if final or now - seen >= INCOMPLETE_AFTER_S:
+                del self.local_seen[key]
+                finding = self.local[key]
+                self.findings.append(finding)
+                self.on_finding(finding)

@@ -1,0 +1,341 @@
+"""The guard inside a rank: what the main thread records, and the reporter thread that sends it.
+
+The main thread's bookkeeping is kept to appending tuples and bumping counters; the reporter
+thread wakes every `flush_interval`, sends what accumulated in one message, answers the guard's
+requests (`stack`, `stop`) and keeps working while the main thread is blocked in a collective
+(torch's collectives release the GIL while they wait). Nothing here may break the user's job:
+every failure of the guard turns the guard off, never the training.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import select
+import socket
+import sys
+import threading
+import time
+from collections import deque
+from typing import Any, Optional
+
+from ddpdoctor.guard import frames
+from ddpdoctor.guard.options import ACTIVE_ENV, GuardOptions
+from ddpdoctor.guard.wire import LineReader, encode
+
+# The one guard of this process, once it is a rank (after init_process_group).
+current: Optional["RankGuard"] = None
+_start_lock = threading.Lock()
+
+
+class LoaderEpoch:
+    """One pass over one DataLoader on this rank."""
+
+    __slots__ = ("key", "path", "line", "epoch", "count", "done", "syncing", "joined",
+                 "events_seen", "backwards_at_start", "repeat_suspect", "reported_repeat", "sampler_epochs",
+                 "sampler_epoch")
+
+    def __init__(self, key: str, path: str, line: int, epoch: int, events_seen: int, backwards: int) -> None:
+        self.key, self.path, self.line, self.epoch = key, path, line, epoch
+        self.count = 0
+        self.done = self.syncing = self.joined = False
+        self.events_seen = events_seen
+        self.backwards_at_start = backwards
+        self.repeat_suspect: Optional[int] = None  # the repeated sampler epoch, until a backward confirms it
+        self.reported_repeat = False
+        # The shuffling DistributedSampler's completed epochs, and the epoch this pass runs with.
+        self.sampler_epochs: Optional[set[int]] = None
+        self.sampler_epoch = 0
+
+
+class RankGuard:
+    def __init__(self, options: GuardOptions, rank: int, world_size: int, local_rank: Optional[int],
+                 local_world_size: Optional[int]) -> None:
+        self.options = options
+        self.rank, self.world_size = rank, world_size
+        self.local_rank, self.local_world_size = local_rank, local_world_size
+        # Recorded by the main thread, taken by the reporter.
+        self.events: deque[tuple[str, int, str, str, str, int]] = deque()
+        self.event_total = 0
+        self.seq: dict[str, int] = {}
+        self.inflight: Optional[tuple[str, int, float]] = None
+        self.pending_backward: Optional[tuple[str, int]] = None
+        self.backward_total = 0
+        self.step = 0
+        self.last_step_at: Optional[float] = None
+        self.waited = 0.0  # seconds in collectives/backward since the last optimizer step
+        self.step_times: deque[tuple[int, float]] = deque()
+        self.hash_due: Optional[int] = None
+        self.hashes: deque[dict[str, Any]] = deque()
+        self.local_findings: deque[dict[str, Any]] = deque()
+        self.loaders: dict[str, LoaderEpoch] = {}
+        self.dirty_loaders: set[str] = set()
+        self.join_depth = 0
+        self.batches = 0
+        self.group_keys: dict[int, tuple[str, Any]] = {}
+        self.main_ident = threading.main_thread().ident
+        self.sock: Optional[socket.socket] = None
+        self.send_lock = threading.Lock()
+        self.flush_lock = threading.Lock()
+        self.last_sent = 0.0
+        self.closed = False
+
+    # ------------------------------------------------------------------ connection
+
+    def connect(self) -> None:
+        deadline = time.monotonic() + 10
+        while True:  # in-code use: rank 0 may still be opening the side channel
+            try:
+                sock = socket.create_connection((self.options.host, self.options.port), timeout=10)
+                break
+            except OSError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.1)
+        sock.settimeout(None)
+        self.sock = sock
+        self._send({"t": "hello", "rank": self.rank, "world_size": self.world_size, "local_rank": self.local_rank,
+                    "pid": os.getpid(), "host": socket.gethostname()})
+        thread = threading.Thread(target=self._reporter, name="ddpdoctor-guard", daemon=True)
+        thread.start()
+        atexit.register(self.close)
+
+    def _send(self, message: dict[str, Any]) -> None:
+        if self.sock is None or self.closed:
+            return
+        data = encode(message)
+        with self.send_lock:
+            try:
+                self.sock.sendall(data)
+            except OSError:
+                self.closed = True  # the guard went away: the job goes on unguarded
+        self.last_sent = time.monotonic()
+
+    def close(self) -> None:
+        if self.closed:
+            return
+        self.flush(final=True)
+        self.closed = True
+        try:
+            assert self.sock is not None
+            self.sock.close()
+        except (OSError, AssertionError):
+            pass
+
+    def _reporter(self) -> None:
+        assert self.sock is not None
+        reader = LineReader(self.sock)
+        while not self.closed:
+            try:
+                readable, _, _ = select.select([self.sock], [], [], self.options.flush_interval)
+                if readable:
+                    for message in reader.read():
+                        self._handle(message)
+            except (OSError, ValueError, ConnectionError):
+                self.closed = True
+                return
+            self.flush()
+
+    def _handle(self, message: dict[str, Any]) -> None:
+        kind = message.get("t")
+        if kind == "stack":
+            frame = sys._current_frames().get(self.main_ident or 0)
+            self._send({"t": "stack", "frames": frames.stack_of(frame)})
+        elif kind == "stop":
+            sys.stderr.write(f"ddpdoctor guard: stopping rank {self.rank} ({message.get('why', 'stopped')})\n")
+            sys.stderr.flush()
+            os._exit(1)
+
+    def flush(self, final: bool = False) -> None:
+        """Send what the main thread recorded since the last flush (a heartbeat at least every second)."""
+        with self.flush_lock:
+            self._flush(final)
+
+    def _flush(self, final: bool) -> None:
+        events, steps, hashes, local = (_drain(q) for q in (self.events, self.step_times, self.hashes,
+                                                             self.local_findings))
+        dirty = _drain_set(self.dirty_loaders)
+        loaders = {}
+        for key in dirty:
+            state = self.loaders.get(key)
+            if state is not None:
+                loaders[key] = [state.path, state.line, state.epoch, state.count, state.done, state.syncing,
+                                state.joined]
+        inflight = self.inflight
+        message: dict[str, Any] = {"t": "state", "progress": self.event_total + self.step + self.batches}
+        if events:
+            message["ev"] = events
+        if steps:
+            message["steps"] = steps
+        if hashes:
+            message["hashes"] = hashes
+        if local:
+            message["local"] = local
+        if loaders:
+            message["loaders"] = loaders
+        message["inflight"] = None if inflight is None else [inflight[0], inflight[1], time.monotonic() - inflight[2]]
+        if final:
+            message["final"] = True
+        if len(message) > 3 or final or time.monotonic() - self.last_sent > 1.0 or inflight is not None:
+            self._send(message)
+
+    # ------------------------------------------------------------------ what the patches call
+
+    def group_key(self, group: Any) -> str:
+        if group is None:
+            return "W"
+        cached = self.group_keys.get(id(group))
+        if cached is not None and cached[1] is group:
+            return cached[0]
+        import torch.distributed as dist
+
+        try:
+            ranks = dist.get_process_group_ranks(group)
+        except Exception:  # noqa: BLE001
+            ranks = []
+        key = "W" if (group is dist.GroupMember.WORLD or len(ranks) == self.world_size) else ",".join(map(str, ranks))
+        self.group_keys[id(group)] = (key, group)
+        return key
+
+    def record(self, group: str, op: str, signature: str, path: str, line: int) -> int:
+        seq = self.seq.get(group, 0)
+        self.seq[group] = seq + 1
+        if not self.closed:  # once the guard is gone, nothing may pile up
+            self.events.append((group, seq, op, signature, path, line))
+        self.event_total += 1
+        return seq
+
+    def after_wait(self, started: float) -> None:
+        self.inflight = None
+        self.waited += time.monotonic() - started
+
+    def on_step(self) -> None:
+        now = time.monotonic()
+        self.step += 1
+        if self.last_step_at is not None and not self.closed:
+            self.step_times.append((self.step, max(0.0, now - self.last_step_at - self.waited)))
+        self.last_step_at, self.waited = now, 0.0
+        if self.step % self.options.every == 0:
+            self.hash_due = self.step
+
+    def report_local(self, code: str, message: str, path: str, line: int, epoch: Optional[int] = None) -> None:
+        if self.closed:
+            return
+        self.local_findings.append({"code": code, "message": message, "path": path, "line": line,
+                                    "step": self.step, "epoch": epoch})
+
+    # DataLoader passes ---------------------------------------------------------
+
+    def loader_epoch(self, loader: Any, path: str, line: int) -> LoaderEpoch:
+        registry: dict[int, str] = self.__dict__.setdefault("_loader_keys", {})
+        key = registry.get(id(loader))
+        if key is None:
+            site = f"{path}:{line}"
+            ordinal = sum(1 for k in registry.values() if k.startswith(site + "#"))
+            key = registry[id(loader)] = f"{site}#{ordinal}"
+        previous = self.loaders.get(key)
+        epoch = previous.epoch + 1 if previous is not None else 0
+        state = LoaderEpoch(key, path, line, epoch, self.event_total, self.backward_total)
+        self.loaders[key] = state
+        self.dirty_loaders.add(key)
+        return state
+
+    def on_batch(self, state: LoaderEpoch) -> None:
+        state.count += 1
+        self.batches += 1
+        self._note_sync(state)
+        if self.join_depth:
+            state.joined = True
+        self.dirty_loaders.add(state.key)
+        if state.repeat_suspect is not None and not state.reported_repeat and self.backward_total > state.backwards_at_start:
+            state.reported_repeat = True
+            self.report_local(
+                "GRD004",
+                f"the shuffling DistributedSampler of the loader iterated here runs epoch {state.epoch} with "
+                f"set_epoch({state.repeat_suspect}) again: every epoch repeats the same order on every rank "
+                f"(lint's DDP001, confirmed at run time); call sampler.set_epoch(epoch) before iterating",
+                state.path, state.line, epoch=state.epoch)
+
+    def on_loader_end(self, state: LoaderEpoch) -> None:
+        self._note_sync(state)
+        state.done = True
+        if state.sampler_epochs is not None:
+            state.sampler_epochs.add(state.sampler_epoch)
+        self.dirty_loaders.add(state.key)
+        self.flush()  # the end of an epoch is what GRD005 compares: send it before any hang
+
+    def _note_sync(self, state: LoaderEpoch) -> None:
+        # A pass "syncs" when collectives run between its batches: only then do uneven counts hang.
+        if self.event_total > state.events_seen:
+            state.syncing = True
+        state.events_seen = self.event_total
+
+
+def start(options: GuardOptions) -> Optional[RankGuard]:
+    """Become a guarded rank (called after init_process_group); None if the guard cannot run."""
+    global current
+    with _start_lock:
+        if current is not None:
+            return current
+        if os.environ.get(ACTIVE_ENV) == str(os.getpid()):
+            return None
+        import torch.distributed as dist
+
+        if not dist.is_initialized():
+            return None
+        frames.skip_torch_frames()
+        local_rank = _int_env("LOCAL_RANK")
+        guard = RankGuard(options, dist.get_rank(), dist.get_world_size(),
+                          local_rank if local_rank is not None else None, _int_env("LOCAL_WORLD_SIZE"))
+        if options.rank0_hosts and guard.rank == 0:
+            from ddpdoctor.guard.inprocess import host_doctor
+
+            host_doctor(options)
+        try:
+            guard.connect()
+        except OSError as error:
+            sys.stderr.write(f"ddpdoctor guard: rank {guard.rank} cannot reach the guard at "
+                             f"{options.host}:{options.port} ({error}); running unguarded\n")
+            return None
+        os.environ[ACTIVE_ENV] = str(os.getpid())
+        current = guard
+        # A forked child (a DataLoader worker) is not this rank: it must not record or report.
+        os.register_at_fork(after_in_child=_forget_in_child)
+        from ddpdoctor.guard import patches
+
+        patches.patch_training()
+        return guard
+
+
+def _forget_in_child() -> None:
+    global current
+    current = None
+
+
+def _drain(queue: "deque[Any]") -> list[Any]:
+    # popleft is atomic, so the main thread may keep appending while this runs.
+    return [queue.popleft() for _ in range(len(queue))]
+
+
+def _drain_set(items: set[str]) -> list[str]:
+    taken = []
+    while items:
+        try:
+            taken.append(items.pop())
+        except KeyError:
+            break
+    return taken
+
+
+def _int_env(name: str) -> Optional[int]:
+    try:
+        return int(os.environ[name])
+    except (KeyError, ValueError):
+        return None
+
+
+def patch_distributed(module: Any) -> None:
+    """The import hook's entry: wrap torch.distributed's collectives and init_process_group."""
+    from ddpdoctor.guard import patches
+
+    patches.patch_collectives(module)

@@ -1,0 +1,261 @@
+"""The diagnosis on its own: messages as ranks send them, a clock the test moves, no processes."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from ddpdoctor.findings import Finding, Severity
+from ddpdoctor.guard.doctor import Doctor
+from ddpdoctor.guard.options import GuardOptions
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class Harness:
+    def __init__(self, world: int, **options: Any) -> None:
+        self.clock = Clock()
+        self.sent: list[tuple[int, dict[str, Any]]] = []
+        self.printed: list[Finding] = []
+        self.doctor = Doctor(GuardOptions(**options), lambda r, m: self.sent.append((r, m)), self.printed.append,
+                             clock=self.clock)
+        for rank in range(world):
+            self.doctor.ingest(rank, {"t": "hello", "rank": rank, "world_size": world, "local_rank": rank})
+
+    def state(self, rank: int, **fields: Any) -> None:
+        self.doctor.ingest(rank, {"t": "state", "inflight": None, **fields})
+
+    def call(self, rank: int, seq: int, op: str, signature: str, line: int, group: str = "W") -> None:
+        self.state(rank, ev=[[group, seq, op, signature, "train.py", line]])
+
+    def codes(self) -> list[str]:
+        return [f.code for f in self.doctor.findings]
+
+
+def test_matching_collectives_are_silent_and_forgotten() -> None:
+    h = Harness(3)
+    for seq in range(5):
+        for rank in range(3):
+            h.call(rank, seq, "all_reduce", "float32[4]", 10)
+    h.doctor.tick()
+    assert h.codes() == [] and h.doctor.sequence["W"] == {}
+
+
+def test_mismatch_names_the_minority_with_its_line() -> None:
+    h = Harness(4)
+    for rank in (0, 2, 3):
+        h.call(rank, 0, "barrier", "", 95)
+    h.call(1, 0, "all_reduce", "float32[1]", 88)
+    h.doctor.tick()
+    (finding,) = h.printed
+    assert (finding.code, finding.name, finding.severity) == ("GRD001", "collective-mismatch", Severity.ERROR)
+    assert finding.details["ranks"] == [1] and (finding.path, finding.line) == ("train.py", 88)
+    assert finding.message.startswith("rank 1 called all_reduce(float32[1]) at train.py:88 while ranks 0, 2, 3 "
+                                      "called barrier() at train.py:95")
+
+
+def test_a_tie_is_resolved_by_what_each_side_calls_next() -> None:
+    h = Harness(2)
+    h.call(0, 0, "barrier", "", 20)
+    h.call(1, 0, "all_reduce", "float32[1]", 19)
+    h.doctor.tick()
+    assert h.codes() == []  # waits: what rank 1 calls next tells which side made the extra call
+    h.call(1, 1, "barrier", "", 20)
+    h.doctor.tick()
+    (finding,) = h.printed
+    assert finding.details["ranks"] == [1] and finding.line == 19
+    assert "rank 1 called an extra all_reduce(float32[1])" in finding.message
+
+
+def test_an_unresolvable_tie_names_both_ranks_after_a_moment() -> None:
+    h = Harness(2)
+    h.call(0, 0, "barrier", "", 20)
+    h.call(1, 0, "all_reduce", "float32[1]", 19)
+    h.clock.now += 1.5
+    h.doctor.tick()
+    assert h.printed[0].details["ranks"] == [0, 1]
+
+
+def test_different_shapes_mismatch_and_later_positions_are_not_reported_again() -> None:
+    h = Harness(3)
+    for rank in range(3):
+        h.call(rank, 0, "all_reduce", "float32[4]" if rank else "float32[5]", 7)
+    for rank in range(3):
+        h.call(rank, 1, "broadcast", "int64[1]" if rank else "float32[9]", 8)
+    h.doctor.tick()
+    assert h.codes() == ["GRD001"] and h.printed[0].details["ranks"] == [0]
+
+
+def test_stall_names_the_missing_rank_with_its_stack_and_asks_to_stop() -> None:
+    h = Harness(3, stall_timeout=5.0)
+    for rank in range(3):
+        h.call(rank, 0, "all_reduce", "float32[4]", 10)
+    for rank in (0, 2):
+        h.state(rank, ev=[["W", 1, "barrier", "", "train.py", 30]], inflight=["W", 1, 0.0])
+    h.clock.now += 4.9
+    for rank in (0, 2):
+        h.state(rank, inflight=["W", 1, 4.9])
+    h.doctor.tick()
+    assert h.codes() == [] and h.sent == []
+    h.clock.now += 0.2
+    h.doctor.tick()
+    assert h.sent == [(1, {"t": "stack"})]
+    frames = {"t": "stack", "frames": [["train.py", 27, "load"], ["train.py", 40, "main"]]}
+    h.doctor.ingest(1, frames)
+    h.doctor.tick()
+    assert h.printed == []  # a second sample, a second later, tells stuck from busy
+    h.clock.now += 1.0
+    h.doctor.tick()
+    assert h.sent == [(1, {"t": "stack"})] * 2
+    h.doctor.ingest(1, frames)
+    h.doctor.tick()
+    (finding,) = h.printed
+    assert finding.code == "GRD002" and finding.details["ranks"] == [1]
+    assert (finding.path, finding.line) == ("train.py", 27)
+    assert "ranks 0, 2 waited 6.1 s in barrier() at train.py:30" in finding.message
+    assert "rank 1 is at train.py:27 in load ← train.py:40 in main" in finding.message
+    assert h.doctor.stop_requested == "GRD002"
+
+
+def test_a_busy_rank_is_not_stalled_until_it_stops_moving() -> None:
+    h = Harness(2, stall_timeout=5.0)
+    h.state(0, ev=[["W", 0, "barrier", "", "train.py", 9]], inflight=["W", 0, 6.0])
+    h.state(1, progress=10)
+    h.doctor.tick()
+    h.doctor.ingest(1, {"t": "stack", "frames": [["eval.py", 3, "evaluate"]]})
+    h.clock.now += 1.0
+    h.state(1, progress=11)  # rank 1 drew another evaluation batch
+    h.doctor.tick()
+    h.doctor.ingest(1, {"t": "stack", "frames": [["eval.py", 3, "evaluate"]]})
+    h.doctor.tick()
+    assert h.printed == [] and h.doctor.stop_requested is None
+    h.clock.now += 3.0  # quiet for half the stall timeout, then checked again: now it is stuck
+    h.state(0, inflight=["W", 0, 10.0])
+    for _ in range(2):
+        h.doctor.tick()
+        h.doctor.ingest(1, {"t": "stack", "frames": [["eval.py", 7, "evaluate"]]})
+        h.clock.now += 1.0
+    h.doctor.tick()
+    assert [f.code for f in h.printed] == ["GRD002"] and "rank 1 is at eval.py:7" in h.printed[0].message
+
+
+def test_everyone_waiting_in_the_same_collective_is_not_a_stall() -> None:
+    h = Harness(2, stall_timeout=5.0)
+    for rank in range(2):
+        h.state(rank, ev=[["W", 0, "all_reduce", "float32[1000000]", "train.py", 3]], inflight=["W", 0, 60.0])
+    h.doctor.tick()
+    assert h.codes() == []
+
+
+def test_report_only_does_not_stop() -> None:
+    h = Harness(2, stall_timeout=1.0, on_stall="report")
+    h.state(0, ev=[["W", 0, "barrier", "", "train.py", 3]], inflight=["W", 0, 2.0])
+    h.doctor.disconnected(1)
+    h.doctor.tick()
+    h.doctor.tick(final=True)
+    assert h.codes() == ["GRD002"] and h.doctor.stop_requested is None
+    assert "rank 1 has exited" in h.printed[0].message
+
+
+def hashes(step: int, values: list[int]) -> dict[str, Any]:
+    return {"hashes": [{"step": step, "names": ["fc.weight", "fc.bias", "bn.running_mean"], "values": values,
+                        "path": "train.py", "line": 50}]}
+
+
+def test_divergence_majority_vote_and_first_tensor() -> None:
+    h = Harness(3)
+    h.state(0, **hashes(100, [1, 2, 3]))
+    h.state(1, **hashes(100, [1, 9, 8]))
+    h.doctor.tick()
+    assert h.codes() == []  # rank 2 has not reported step 100 yet
+    h.state(2, **hashes(100, [1, 2, 3]))
+    h.doctor.tick()
+    (finding,) = h.printed
+    assert finding.details == {"ranks": [1], "step": 100, "epoch": None}
+    assert "'fc.bias' on rank 1 differs from ranks 0, 2 (2 of 3 parameters and buffers differ" in finding.message
+
+
+def test_divergence_with_two_ranks_names_both_once() -> None:
+    h = Harness(2)
+    for step in (100, 200):
+        h.state(0, **hashes(step, [1, 2, 3]))
+        h.state(1, **hashes(step, [1, 2, 4]))
+    h.doctor.tick()
+    assert h.codes() == ["GRD003"] and h.printed[0].details["ranks"] == [0, 1]
+    assert "differs from each other" in h.printed[0].message
+
+
+def loader(count: int, done: bool, syncing: bool = True, joined: bool = False, epoch: int = 0) -> dict[str, Any]:
+    return {"loaders": {"train.py:40#0": ["train.py", 40, epoch, count, done, syncing, joined]}}
+
+
+def test_uneven_batches_named_when_one_rank_draws_past_anothers_end() -> None:
+    h = Harness(2)
+    h.state(0, **loader(2, False))
+    h.state(1, **loader(2, True))
+    h.doctor.tick()
+    assert h.codes() == []
+    h.state(0, **loader(3, False))
+    h.doctor.tick()
+    (finding,) = h.printed
+    assert finding.details == {"ranks": [0], "step": None, "epoch": 0}
+    assert "(rank 0: 3+, rank 1: 2)" in finding.message and finding.line == 40
+
+
+@pytest.mark.parametrize("syncing, joined", [(False, False), (True, True)])
+def test_uneven_batches_without_collectives_or_under_join_are_fine(syncing: bool, joined: bool) -> None:
+    h = Harness(2)
+    h.state(0, **loader(5, True, syncing, joined))
+    h.state(1, **loader(4, True, syncing, joined))
+    h.doctor.tick(final=True)
+    assert h.codes() == []
+
+
+def test_straggler_needs_a_full_window_and_a_consistent_gap() -> None:
+    h = Harness(3, straggler_window=5)
+    for step in range(1, 5):
+        for rank in range(3):
+            h.state(rank, steps=[[step, 0.30 if rank == 2 else 0.01]])
+    h.doctor.tick()
+    assert h.codes() == [] and h.sent == []
+    for rank in range(3):
+        h.state(rank, steps=[[5, 0.30 if rank == 2 else 0.01]])
+    h.doctor.tick()
+    assert (2, {"t": "stack"}) in h.sent
+    for _ in range(4):
+        h.doctor.ingest(2, {"t": "stack", "frames": [["train.py", 61, "log_histograms"]]})
+    h.clock.now += 1
+    h.doctor.tick()
+    (finding,) = h.printed
+    assert finding.details["ranks"] == [2] and finding.line == 61
+    assert "is 300.0 ms against 10.0 ms for the other ranks" in finding.message
+
+
+def test_noise_is_not_a_straggler() -> None:
+    h = Harness(2, straggler_window=4)
+    for step, (a, b) in enumerate([(0.010, 0.011), (0.012, 0.010), (0.011, 0.013), (0.010, 0.012)], 1):
+        h.state(0, steps=[[step, a]])
+        h.state(1, steps=[[step, b]])
+    h.doctor.tick(final=True)
+    assert h.codes() == []
+
+
+def test_rank_local_findings_are_merged_across_ranks() -> None:
+    h = Harness(3)
+    item = {"code": "GRD004", "message": "repeats", "path": "train.py", "line": 12, "step": 8, "epoch": 1}
+    h.state(2, local=[item])
+    h.state(0, local=[item])
+    h.doctor.tick()
+    assert h.printed == []  # collects the other ranks' reports for a moment
+    h.clock.now += 1.0
+    h.doctor.tick()
+    (finding,) = h.printed
+    assert finding.details == {"ranks": [0, 2], "step": 8, "epoch": 1}
+    assert (finding.code, finding.name, finding.severity) == ("GRD004", "epoch-order-repeated", Severity.WARNING)
