@@ -27,7 +27,7 @@ PROJECTS = FIXTURES / "projects"
 
 def fixture_files() -> list[Path]:
     return sorted(
-        p for p in FIXTURES.rglob("*.py") if p.relative_to(FIXTURES).parts[0] not in ("fixes", "projects")
+        p for p in FIXTURES.rglob("*.py") if p.relative_to(FIXTURES).parts[0] not in ("fixes", "projects", "guard")
     )
 
 
