@@ -153,7 +153,7 @@ def lint(
         data = sys.stdin.buffer.read()
         codes = settings.codes_for(name, enabled)
         run.files = [
-            lint_bytes(data, name, codes, settings.world_size, do_fix, unsafe_fixes, file_limits(settings))
+            lint_bytes(data, name, codes, settings.world_size, do_fix, unsafe_fixes=unsafe_fixes, limits=file_limits(settings))
         ]
     else:
         try:

@@ -187,6 +187,7 @@ def lint_bytes(
     codes: frozenset[str],
     world_size: Optional[int] = None,
     fix: bool = False,
+    *,
     project: Optional[ProjectSources] = None,
     unsafe_fixes: bool = False,
     limits: Optional[isolation.Limits] = None,
@@ -288,7 +289,7 @@ def _lint_file_task(args: Task) -> FileResult:
         return FileResult(path, [], error=f"{path}: cannot read: {error.strerror}")
     if data is None:
         return given_up(path, codes, limits.too_large(limits.max_bytes + 1) or "too large")
-    result = lint_bytes(data, path, codes, world_size, fix, _project, unsafe_fixes, limits)
+    result = lint_bytes(data, path, codes, world_size, fix, project=_project, unsafe_fixes=unsafe_fixes, limits=limits)
     if not fix:
         result.source = None  # the parent re-reads only files with findings, for code frames
     return result
