@@ -22,9 +22,13 @@ NUMBERS_ONLY_PREFIXES = ("torch.optim.lr_scheduler.", "torch.amp.GradScaler", "t
 class LoadWithoutMapLocation(Rule):
     """
     Valid:
+        dist.init_process_group("nccl")
+        model = DDP(model.cuda())
         ckpt = torch.load(path, map_location="cpu")
         model.load_state_dict(ckpt["model"])
     Invalid:
+        dist.init_process_group("nccl")
+        model = DDP(model.cuda())
         ckpt = torch.load(path)
         model.load_state_dict(ckpt["model"])
     """
