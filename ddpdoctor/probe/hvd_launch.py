@@ -30,6 +30,7 @@ def launch_horovod(config: RankConfig, nproc: int, grace_s: float) -> LaunchOutc
 
     from ddpdoctor.probe.hvd_worker import horovod_entry
 
+    quiet_resource_tracker()
     out_dir = tempfile.mkdtemp(prefix="ddpdoctor-probe-")
     outcome = LaunchOutcome(out_dir=out_dir)
     store = dist.TCPStore(LOOPBACK, 0, nproc + 1, is_master=True, timeout=timedelta(seconds=config.join_timeout),
@@ -82,6 +83,26 @@ def failures_from_files(outcome: LaunchOutcome) -> dict[int, dict[str, Any]]:
             info.update(exitcode=-15, signal="SIGTERM", message="", traceback="")
         failures[rank] = info
     return failures
+
+
+def quiet_resource_tracker() -> None:
+    """Start multiprocessing's resource tracker ourselves, told to keep quiet.
+
+    Horovod's runner leaves semaphores behind, which the tracker unlinks when we exit -- its job --
+    with a UserWarning on the user's stderr ("There appear to be 10 leaked semaphore objects").
+    The tracker is a separate interpreter that takes our -W options when it starts, so start it
+    now with one that silences exactly that warning."""
+    import sys
+    from multiprocessing import resource_tracker
+
+    saved = list(sys.warnoptions)
+    sys.warnoptions.append("ignore:resource_tracker:UserWarning")
+    try:
+        resource_tracker.ensure_running()
+    except Exception:  # noqa: BLE001 -- only a warning is at stake
+        pass
+    finally:
+        sys.warnoptions[:] = saved
 
 
 @contextlib.contextmanager
