@@ -59,9 +59,19 @@ def launch_horovod(config: RankConfig, nproc: int, grace_s: float) -> LaunchOutc
         kill_descendants(os.getpid())  # never leave a rank behind, whatever happened
     outcome.rank_files = read_rank_files(out_dir)
     outcome.failures = failures_from_files(outcome)
-    if outcome.rank_files and outcome.launch_error and outcome.launch_error.startswith("RuntimeError: Horovod detected"):
-        # A rank ended badly; the files say which and how, which is the news.
+    runner_log = os.path.join(out_dir, "logs", "horovod-runner.txt")
+    with contextlib.suppress(OSError):
+        os.makedirs(os.path.dirname(runner_log), exist_ok=True)
+        with open(runner_log, "w") as fh:
+            fh.write(chatter.getvalue())
+    explained = any(f.get("crashed") for f in outcome.rank_files.values()) or outcome.killed_hung_pids
+    if explained and outcome.launch_error and outcome.launch_error.startswith("RuntimeError: Horovod detected"):
+        # A rank ended badly and its file says which and how, which is the news.
         outcome.launch_error = None
+    elif outcome.launch_error:
+        # Nobody's file explains it: say what the runner saw (its own log is kept with the ranks').
+        last = [line for line in chatter.getvalue().splitlines() if line.strip()]
+        outcome.launch_error += f" (Horovod's runner: {last[-1].strip()[:200]}; {runner_log})" if last else f" ({runner_log})"
     del store
     return outcome
 
