@@ -30,6 +30,7 @@ def launch_horovod(config: RankConfig, nproc: int, grace_s: float) -> LaunchOutc
 
     from ddpdoctor.probe.hvd_worker import horovod_entry
 
+    quiet_resource_tracker()
     out_dir = tempfile.mkdtemp(prefix="ddpdoctor-probe-")
     outcome = LaunchOutcome(out_dir=out_dir)
     store = dist.TCPStore(LOOPBACK, 0, nproc + 1, is_master=True, timeout=timedelta(seconds=config.join_timeout),
@@ -58,9 +59,19 @@ def launch_horovod(config: RankConfig, nproc: int, grace_s: float) -> LaunchOutc
         kill_descendants(os.getpid())  # never leave a rank behind, whatever happened
     outcome.rank_files = read_rank_files(out_dir)
     outcome.failures = failures_from_files(outcome)
-    if outcome.rank_files and outcome.launch_error and outcome.launch_error.startswith("RuntimeError: Horovod detected"):
-        # A rank ended badly; the files say which and how, which is the news.
+    runner_log = os.path.join(out_dir, "logs", "horovod-runner.txt")
+    with contextlib.suppress(OSError):
+        os.makedirs(os.path.dirname(runner_log), exist_ok=True)
+        with open(runner_log, "w") as fh:
+            fh.write(chatter.getvalue())
+    explained = any(f.get("crashed") for f in outcome.rank_files.values()) or outcome.killed_hung_pids
+    if explained and outcome.launch_error and outcome.launch_error.startswith("RuntimeError: Horovod detected"):
+        # A rank ended badly and its file says which and how, which is the news.
         outcome.launch_error = None
+    elif outcome.launch_error:
+        # Nobody's file explains it: say what the runner saw (its own log is kept with the ranks').
+        last = [line for line in chatter.getvalue().splitlines() if line.strip()]
+        outcome.launch_error += f" (Horovod's runner: {last[-1].strip()[:200]}; {runner_log})" if last else f" ({runner_log})"
     del store
     return outcome
 
@@ -82,6 +93,26 @@ def failures_from_files(outcome: LaunchOutcome) -> dict[int, dict[str, Any]]:
             info.update(exitcode=-15, signal="SIGTERM", message="", traceback="")
         failures[rank] = info
     return failures
+
+
+def quiet_resource_tracker() -> None:
+    """Start multiprocessing's resource tracker ourselves, told to keep quiet.
+
+    Horovod's runner leaves semaphores behind, which the tracker unlinks when we exit -- its job --
+    with a UserWarning on the user's stderr ("There appear to be 10 leaked semaphore objects").
+    The tracker is a separate interpreter that takes our -W options when it starts, so start it
+    now with one that silences exactly that warning."""
+    import sys
+    from multiprocessing import resource_tracker
+
+    saved = list(sys.warnoptions)
+    sys.warnoptions.append("ignore:resource_tracker:UserWarning")
+    try:
+        resource_tracker.ensure_running()
+    except Exception:  # noqa: BLE001 -- only a warning is at stake
+        pass
+    finally:
+        sys.warnoptions[:] = saved
 
 
 @contextlib.contextmanager

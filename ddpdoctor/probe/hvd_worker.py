@@ -55,6 +55,8 @@ class HorovodSession:
         from ddpdoctor.probe.checks.base import Context
         from ddpdoctor.probe.faults import Faults
 
+        import horovod.torch  # noqa: F401 -- imported before the ranks join, so its cost is not a check's
+
         torch.set_num_threads(1)  # ranks share the host's cores; oversubscription only adds noise
         self.initialized = initialized
         self._ctx = Context(

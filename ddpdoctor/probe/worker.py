@@ -219,6 +219,7 @@ def run_rank(
     try:
         session = make_session(store)
         rank_file.update(backend=session.backend)
+        join(store, me, config.join_timeout)
         specs = tuple(s for s in checks_for(config.framework) if s.name in config.checks)
         records, aborted = run_checks(config, me, store, rank_file, session, specs)
         rank_file.data["timeline"]["checks_done"] = time.time()
@@ -235,6 +236,20 @@ def run_rank(
         post_crash(store, me.rank, text)
         rank_file.update(crashed=text[-4000:])
         raise
+
+
+def join(store: Any, me: Identity, join_timeout: float) -> None:
+    """Wait (up to the join timeout) until every rank has started, before the first check's
+    timeout starts counting: ranks that start slowly (spawned ranks import torch themselves, and
+    16 ranks on 2 cores take turns) are late, not hung. A rank that never joins is named by the
+    first check."""
+    from datetime import timedelta
+
+    store.set(f"joined/{me.rank}", "1")
+    try:
+        store.wait([f"joined/{r}" for r in range(me.world_size)], timedelta(seconds=join_timeout))
+    except Exception:  # noqa: BLE001 -- the store reports a timeout as an error
+        pass
 
 
 def first_line(exc: BaseException) -> str:

@@ -73,8 +73,9 @@ def test_injected_fault_is_caught_by_the_right_check_and_rank(fault: str, check:
         entry = run.check(check)["ranks"][rank]
         assert entry["detail"]["missing"] is True
         assert "did not report liveness" in entry["message"]
-        # Detection within the timeout budget: barrier + exchange timeouts, grace, start-up.
-        assert run.seconds < 25
+        # Caught by the heartbeat and killed once the others finished -- not by the overall deadline.
+        assert "killed by the probe after the other ranks finished" in entry["message"]
+        assert run.seconds < 120
     if fault.startswith("crash"):
         entry = run.check(check)["ranks"][rank]
         assert "InjectedCrash" in entry["message"]
