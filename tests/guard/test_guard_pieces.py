@@ -107,3 +107,38 @@ def test_importing_the_guard_and_the_cli_does_not_import_torch() -> None:
             "from ddpdoctor import guard; assert callable(guard.install); print('torch' in sys.modules)")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert result.stdout.strip() == "False", result.stderr
+
+
+LATE_START = r"""
+import os, sys, time
+from ddpdoctor.guard.doctor import Doctor
+from ddpdoctor.guard.options import GuardOptions
+from ddpdoctor.guard.server import SideChannel
+from ddpdoctor.guard.hooks import watch_torch_distributed
+
+channel = SideChannel("127.0.0.1", 0)
+options = GuardOptions(port=channel.address[1])
+doctor = Doctor(options, channel.send, print)
+channel.start(doctor)
+os.environ["DDPDOCTOR_GUARD"] = options.to_env()
+watch_torch_distributed()
+import torch
+import torch.distributed as dist
+from torch.distributed import distributed_c10d
+
+# A framework that starts the process group without torch.distributed.init_process_group:
+distributed_c10d.init_process_group("gloo", init_method="tcp://127.0.0.1:0", rank=0, world_size=1)
+dist.all_reduce(torch.ones(2))
+dist.barrier()
+deadline = time.monotonic() + 20
+while time.monotonic() < deadline and not (0 in doctor.ranks and doctor.ranks[0].next_seq.get("W") == 2):
+    time.sleep(0.1)
+print(doctor.world_size, doctor.ranks[0].next_seq)
+"""
+
+
+def test_a_process_group_started_another_way_is_guarded_from_its_first_collective() -> None:
+    result = subprocess.run([sys.executable, "-c", LATE_START], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr[-2000:]
+    # The rank connected at its first collective; the barrier after it was recorded too.
+    assert result.stdout.split()[-3:] == ["1", "{'W':", "2}"]
