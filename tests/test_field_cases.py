@@ -166,3 +166,20 @@ dist.init_process_group("gloo" if args.cpu else "nccl")
 def test_ddp011_conditional_backend_followed_on_both_arms() -> None:
     # One arm is NCCL: that run needs its device pinned.
     assert lines(BACKEND_IFEXP, "DDP011") == [4]
+
+
+def test_ddp008_project_helper_serialising_into_a_buffer_is_no_save(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    # deit's `_load_checkpoint_for_ema`: torch.save into io.BytesIO() to reload it; no file is written.
+    from ddpdoctor.config import Settings as S
+    from ddpdoctor.lint.engine import lint_paths
+
+    (tmp_path / "utils.py").write_text(
+        "import io\nimport torch\ndef reload(obj):\n    buffer = io.BytesIO()\n    torch.save(obj, buffer)\n"
+        "def write(obj):\n    torch.save(obj, 'ckpt.pt')\n"
+    )
+    (tmp_path / "main.py").write_text(
+        "import torch.distributed as dist\nimport utils\ndist.init_process_group('nccl')\n"
+        "utils.reload(state)\nutils.write(state)\n"
+    )
+    result, _ = lint_paths([str(tmp_path / "main.py")], S(select=("DDP008",)), jobs=1, use_cache=False)
+    assert [(f.line, f.code) for f in result.findings] == [(5, "DDP008")]
