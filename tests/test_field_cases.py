@@ -183,3 +183,25 @@ def test_ddp008_project_helper_serialising_into_a_buffer_is_no_save(tmp_path) ->
     )
     result, _ = lint_paths([str(tmp_path / "main.py")], S(select=("DDP008",)), jobs=1, use_cache=False)
     assert [(f.line, f.code) for f in result.findings] == [(5, "DDP008")]
+
+
+def test_ddp011_project_helper_that_sets_cuda_visible_devices_pins(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    # guided-diffusion's setup_dist(): one visible GPU per process, then init_process_group("nccl").
+    from ddpdoctor.config import Settings as S
+    from ddpdoctor.lint.engine import lint_paths
+
+    helper = (
+        "import os\nimport torch.distributed as dist\ndef setup_dist(rank):\n"
+        "    os.environ['CUDA_VISIBLE_DEVICES'] = str(rank % 8)\n    dist.init_process_group('nccl')\n"
+    )
+    (tmp_path / "dist_util.py").write_text(helper)
+    (tmp_path / "train.py").write_text(
+        "import torch\nfrom torch.nn.parallel import DistributedDataParallel\nimport dist_util\n"
+        "dist_util.setup_dist(rank)\nmodel = DistributedDataParallel(torch.nn.Linear(2, 2).cuda())\n"
+    )
+    settings = S(select=("DDP011",))
+    result, _ = lint_paths([str(tmp_path / "train.py")], settings, jobs=1, use_cache=False)
+    assert result.findings == []
+    (tmp_path / "dist_util.py").write_text(helper.replace("    os.environ['CUDA_VISIBLE_DEVICES'] = str(rank % 8)\n", ""))
+    result, _ = lint_paths([str(tmp_path / "train.py")], settings, jobs=1, use_cache=False)
+    assert [(f.line, f.code) for f in result.findings] == [(4, "DDP011")]
