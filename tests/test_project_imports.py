@@ -219,7 +219,7 @@ def test_memo_cycle_raises_its_own_error(tmp_path: Path) -> None:
     def again() -> int:
         return project.memo("k", again)
 
-    with pytest.raises(MemoCycle):
+    with pytest.raises(MemoCycle, match="'k' is being computed"):
         project.memo("k", again)
     # A failed computation is not memoised, and the key can be computed afterwards.
     assert project.memo("k", lambda: 3) == 3
@@ -331,3 +331,26 @@ def test_no_project_marker_means_no_extra_root(tmp_path: Path) -> None:
     write(tmp_path / "a", {"lib/__init__.py": "", "lib/dist.py": "", "scripts/train.py": ""})
     script = tmp_path / "a/scripts/train.py"
     assert ProjectSources.for_paths([script]).resolve(script, "lib.dist", 0) is None
+
+
+def test_plain_import_is_absolute_not_relative_to_the_package(tmp_path: Path) -> None:
+    write(tmp_path, {"helpers.py": "", "pkg/__init__.py": "", "pkg/helpers.py": "", "pkg/main.py": "import helpers\n"})
+    project = ProjectSources([tmp_path])
+    assert project.imported_modules(tmp_path / "pkg/main.py") == [tmp_path / "helpers.py"]
+
+
+def test_a_too_large_dependency_has_the_digest_the_cache_checks(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The cache compares digest_of (a fresh run) with what parse recorded: both read the same
+    bytes, also for a file past the size limit."""
+    monkeypatch.setattr(imports, "MAX_BYTES", 8)
+    big = tmp_path / "big.py"
+    big.write_text("x = 1\n" * 10)
+    project = ProjectSources([tmp_path])
+    with project.scope():
+        assert project.parse(big) is None
+        recorded = project.dependencies()[big]
+    assert recorded == ProjectSources([tmp_path]).digest_of(big)
+    big.write_text("x = 1\n" * 10 + "y = 2\n")  # a change past the limit is not seen, by design
+    assert ProjectSources([tmp_path]).unchanged(big, recorded)
+    big.write_text("z = 3\n" * 10)
+    assert not ProjectSources([tmp_path]).unchanged(big, recorded)
