@@ -205,3 +205,20 @@ def test_ddp011_project_helper_that_sets_cuda_visible_devices_pins(tmp_path) -> 
     (tmp_path / "dist_util.py").write_text(helper.replace("    os.environ['CUDA_VISIBLE_DEVICES'] = str(rank % 8)\n", ""))
     result, _ = lint_paths([str(tmp_path / "train.py")], settings, jobs=1, use_cache=False)
     assert [(f.line, f.code) for f in result.findings] == [(4, "DDP011")]
+
+
+def test_ddp009_project_helper_reaching_a_collective_under_a_rank_guard(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    from ddpdoctor.config import Settings as S
+    from ddpdoctor.lint.engine import lint_paths
+
+    (tmp_path / "metrics.py").write_text(
+        "import torch.distributed as dist\ndef average(t):\n    dist.all_reduce(t)\n    return t / dist.get_world_size()\n"
+        "def log(t):\n    print(t)\n"
+    )
+    (tmp_path / "train.py").write_text(
+        "import torch.distributed as dist\nimport metrics\ndist.init_process_group('nccl')\n"
+        "if dist.get_rank() == 0:\n    metrics.average(loss)\n    metrics.log(loss)\nmetrics.average(acc)\n"
+    )
+    result, _ = lint_paths([str(tmp_path / "train.py")], S(select=("DDP009",)), jobs=1, use_cache=False)
+    assert [(f.line, f.code) for f in result.findings] == [(5, "DDP009")]
+    assert "metrics.py line 3" in result.findings[0].message

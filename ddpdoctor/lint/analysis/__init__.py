@@ -33,12 +33,12 @@ from ddpdoctor.lint.analysis.model import (
     Route,
     SubscriptStore,
 )
-from ddpdoctor.lint.analysis.ranks import Runs, WhoRuns, route_runs, who_runs
+from ddpdoctor.lint.analysis.ranks import Runs, WhoRuns, decided_by_guards, route_runs, who_runs
 from ddpdoctor.lint.analysis.syntax import UNKNOWN, Expr, contains, dotted_name, names_in, walk
 
 __all__ = [
     "MAX_DEPTH", "UNKNOWN", "Assignment", "Call", "Context", "Expr", "Function", "Guard", "Loop",
-    "ModuleModel", "ProjectSources", "Route", "Runs", "SubscriptStore", "WhoRuns", "build_analysis", "contains", "devices",
+    "ModuleModel", "ProjectSources", "Route", "Runs", "SubscriptStore", "WhoRuns", "build_analysis", "contains", "decided_by_guards", "devices",
     "dotted_name", "harness", "launch", "names_in", "ranks", "syntax", "route_runs", "summaries", "walk", "who_runs",
 ]
 
