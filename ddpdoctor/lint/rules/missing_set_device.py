@@ -25,8 +25,8 @@ class MissingSetDevice(Rule):
 
     code = "DDP011"
     checks_test_suites = False
-    # "distributed": the NCCL group may be created by a project helper (`init_distributed()`).
-    trigger_words = ("nccl", "NCCL", "distributed")
+    # Or a DDP script whose NCCL group a project helper creates (`init_distributed()`).
+    trigger_words = ("nccl", "NCCL", "DistributedDataParallel")
 
     def check(self) -> None:
         model = self.model
@@ -75,7 +75,7 @@ class MissingSetDevice(Rule):
             if linked is None:
                 continue
             other, function = linked
-            if devices.device_pin_calls(other, function):
+            if devices.device_pin_calls(other, function) or devices.visible_devices_writes(other, function):
                 pinned = True
                 continue
             judge = type(self)(other)

@@ -18,7 +18,6 @@ from ddpdoctor.lint.analysis import (
 from ddpdoctor.lint.rules.base import Rule
 
 SAVE = "torch.save"
-IN_MEMORY = frozenset({"io.BytesIO", "io.StringIO"})
 
 
 class UnguardedCheckpointSave(Rule):
@@ -35,7 +34,8 @@ class UnguardedCheckpointSave(Rule):
     """
 
     code = "DDP008"
-    trigger_words = ("save",)
+    # A save in a project helper is called by a name that says so (`save_checkpoint`, `write_ckpt`).
+    trigger_words = ("save", "checkpoint", "ckpt")
     context_words = launch.LAUNCH_WORDS
 
     def check(self) -> None:
@@ -53,7 +53,7 @@ class UnguardedCheckpointSave(Rule):
             path = save.arg(1, "f")
             if path is None or summaries.mentions_rank(self.model, path, save.order, save.function):
                 continue  # a per-rank file (`ckpt_rank{rank}.pt`) is a deliberate sharded save
-            if self.model.origin_names(path, save.order, save.function) & IN_MEMORY:
+            if self.model.origin_names(path, save.order, save.function) & summaries.IN_MEMORY:
                 continue  # serialising into a buffer writes no file
             who = who_runs(self.model, save)
             if who.runs is not Runs.ALL:
