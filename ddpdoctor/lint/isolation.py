@@ -35,7 +35,14 @@ ANALYSIS_RECURSION_LIMIT = 50_000
 DEFAULT_RECURSION_LIMIT = 1000
 SUSPICIOUS_DEPTH = 100
 LONG_STATEMENT_CHARS = 2000
-_STRUCTURE = re.compile(r"[()\[\]{}\n]")
+_STRUCTURE = re.compile(
+    r"'''[\s\S]*?'''"
+    r'|"""[\s\S]*?"""'
+    r"|'(?:\\.|[^'\\\n])*'"
+    r'|"(?:\\.|[^"\\\n])*"'
+    r"|#[^\n]*"
+    r"|[()\[\]{}\n]"
+)
 # CPython's limit on nested brackets (MAXLEVEL in its tokenizer) is 200.
 _CPYTHON_DEPTH_REFUSALS = ("too many nested parentheses", "too many nested", "too complex")
 
@@ -72,9 +79,10 @@ class _BudgetExceeded(BaseException):
 
 def _may_be_deep(text: str) -> bool:
     """A cheap over-approximation of "CPython might refuse this as too deep": brackets nested 100
-    deep (CPython refuses 200), or a statement over 2,000 characters (a long chain of attributes,
-    calls, subscripts or operators nests one level per link). Strings and comments are not told
-    apart: a false alarm only costs the exact check. Scans only brackets and newlines."""
+    deep (CPython refuses 200), or a statement over 2,000 characters outside strings (a long chain
+    of attributes, calls, subscripts or operators nests one level per link). Comments and strings
+    are skipped roughly (a false alarm only costs the exact check); the scan runs in the regex
+    engine and visits only brackets, newlines, strings and comments."""
     depth = 0
     start = 0
     for match in _STRUCTURE.finditer(text):
@@ -89,8 +97,10 @@ def _may_be_deep(text: str) -> bool:
             depth += 1
             if depth >= SUSPICIOUS_DEPTH:
                 return True
-        else:
+        elif char in ")]}":
             depth -= 1
+        elif depth <= 0 and char[0] != "#":
+            start = match.end()  # a docstring is not a chain, however long
     return len(text) - start > LONG_STATEMENT_CHARS
 
 
