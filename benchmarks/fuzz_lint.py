@@ -68,6 +68,7 @@ def lint_one(source: str) -> tuple[bool, list[str], str]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--programs", type=int, default=10_000)
+    parser.add_argument("--generated", type=int, default=3000, help="how many of them hypothesmith writes (the rest are mutated fixtures)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--jobs", type=int, default=2)
     parser.add_argument("--budget", type=float, default=60.0, help="seconds per program before it counts as a hang")
@@ -76,8 +77,9 @@ def main() -> None:
     rng = random.Random(args.seed)
     fixtures = [p.read_text(encoding="utf-8") for p in sorted((ROOT / "fixtures").glob("*/*.py"))]
     started = time.monotonic()
-    half = args.programs // 2
+    half = min(args.generated, args.programs)
     programs = generated(half // 2, 0) + generated(half - half // 2, 1)
+    print(f"generated {len(programs)} programs in {time.monotonic() - started:.0f} s", file=sys.stderr, flush=True)
     programs += [mutate(rng.choice(fixtures), rng) for _ in range(args.programs - len(programs))]
     generated_s = time.monotonic() - started
     outcomes = run_tasks(lint_one, programs, args.jobs, args.budget, lambda source, why: (compiles(source), [], why))
