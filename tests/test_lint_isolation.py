@@ -118,10 +118,12 @@ def test_a_file_past_its_time_budget_gets_ddp999_and_the_run_goes_on(tmp_path: P
 
 def test_a_worker_that_crashes_or_hangs_costs_only_its_own_file() -> None:
     """The pool itself, with real worker processes: a segfault and a hang in native code."""
-    outcomes = run_tasks(_task, ["ok", "segv", "ok", "hang", "ok", "ok"], 2, 0.5, lambda task, why: f"lost: {why}")
-    assert outcomes[0::2] == ["done ok"] * 3 and outcomes[5] == "done ok"
+    tasks = ["ok", "segv", "ok", "hang", "ok", "raise", "ok"]
+    outcomes = run_tasks(_task, tasks, 2, 0.5, lambda task, why: f"lost: {why}")
+    assert [outcomes[i] for i in (0, 2, 4, 6)] == ["done ok"] * 4
     assert outcomes[1] == "lost: the analysis crashed (SIGSEGV; out of memory or a parser bug)"
     assert outcomes[3] == "lost: analysis exceeded its time budget (0.5 s)"
+    assert outcomes[5] == "lost: internal error in the analysis: ZeroDivisionError"
 
 
 def _task(kind: str) -> str:
@@ -130,6 +132,8 @@ def _task(kind: str) -> str:
         os.kill(os.getpid(), signal.SIGSEGV)
     if kind == "hang":
         time.sleep(600)
+    if kind == "raise":
+        return str(1 / 0)
     return f"done {kind}"
 
 

@@ -72,7 +72,15 @@ def _serve(conn: Connection, func: Callable[[Any], Any], parent_pid: int, max_so
         if message is None:
             return
         index, task = message
-        conn.send((index, func(task)))
+        try:
+            conn.send((index, func(task)))
+        except Exception as error:  # noqa: BLE001 - a bug of ours: this task's result says so
+            conn.send((index, _Failed(f"internal error in the analysis: {type(error).__name__}")))
+
+
+@dataclass(frozen=True)
+class _Failed:
+    reason: str
 
 
 @dataclass
@@ -147,7 +155,7 @@ def run_tasks(
                         worker.process.join()
                         retire(worker, _reason_for_death(worker.process.exitcode))
                         continue
-                    results[index] = result
+                    results[index] = lost(tasks[index], result.reason) if isinstance(result, _Failed) else result
                     worker.task = None
                 elif worker.task is not None and time.monotonic() >= worker.task[2]:
                     retire(worker, f"analysis exceeded its time budget ({budget_s:g} s)")
