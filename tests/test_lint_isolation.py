@@ -199,3 +199,17 @@ def test_killing_lint_leaves_no_worker_running(tmp_path: Path, sig: signal.Signa
         if process.poll() is None:
             process.kill()
             process.wait()
+
+
+def _allocate(size: int) -> str:
+    import resource
+
+    if resource.getrlimit(resource.RLIMIT_AS)[0] > 4 * 1024**3:
+        return "no memory limit"  # never try 6 GiB on a shared machine without one
+    return f"allocated {len(bytearray(size))}"
+
+
+def test_a_worker_cannot_take_more_than_its_memory_limit() -> None:
+    """6 GiB is refused at once (the worker's address-space limit is 4 GiB); 1 MiB is fine."""
+    outcomes = run_tasks(_allocate, [6 * 1024**3, 1024**2], 1, 60, lambda task, why: f"lost: {why}")
+    assert outcomes == ["lost: internal error in the analysis: MemoryError", f"allocated {1024**2}"]
