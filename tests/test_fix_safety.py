@@ -229,7 +229,7 @@ def _generated_sources(count: int) -> list[str]:
         lines.append("scaler = torch.cuda.amp.GradScaler()")
         for _ in range(rng.randint(0, 3)):
             lines.append(rng.choice(["z = 3", "# tail" + rng.choice(ODD_BREAKS), "w = torch.cuda.amp.autocast()"]))
-        text = rng.choice(["\n", "\r\n"]).join(lines)
+        text = rng.choice(["\n", "\r\n", "\r"]).join(lines)
         if rng.random() < 0.6:
             text += "\n" if "\r\n" not in text else "\r\n"
         if rng.random() < 0.3:
