@@ -82,28 +82,33 @@ def main() -> None:
     print(f"generated {len(programs)} programs in {time.monotonic() - started:.0f} s", file=sys.stderr, flush=True)
     programs += [mutate(rng.choice(fixtures), rng) for _ in range(args.programs - len(programs))]
     generated_s = time.monotonic() - started
-    outcomes = run_tasks(lint_one, programs, args.jobs, args.budget, lambda source, why: (compiles(source), [], why))
-    counts = {"programs": len(programs), "compile_ok": 0, "crashes": 0, "hangs": 0, "exceptions": 0, "ddp999_on_valid": 0, "ddp999_on_invalid": 0, "valid_but_libcst_refused": 0}
+    counts = {"programs": 0, "compile_ok": 0, "crashes": 0, "hangs": 0, "exceptions": 0, "ddp999_on_valid": 0, "ddp999_on_invalid": 0, "valid_but_libcst_refused": 0}
     args.out.mkdir(parents=True, exist_ok=True)
-    for number, (source, (valid, ddp999, trouble)) in enumerate(zip(programs, outcomes)):
-        counts["compile_ok"] += valid
-        kind = None
-        if "time budget" in trouble:
-            kind = "hangs"
-        elif "crashed" in trouble:
-            kind = "crashes"
-        elif trouble.startswith("libcst refused"):
-            kind = "valid_but_libcst_refused"
-        elif trouble:
-            kind = "exceptions"
-        if ddp999 and valid:
-            kind = "ddp999_on_valid"
-        elif ddp999:
-            counts["ddp999_on_invalid"] += 1
-        if kind:
-            counts[kind] += 1
-            (args.out / f"{kind}-{number}.py").write_bytes(source.encode("utf-8", "surrogatepass"))
-            (args.out / f"{kind}-{number}.txt").write_text(trouble or "\n".join(ddp999))
+    batch = 500
+    for first in range(0, len(programs), batch):
+        chunk = programs[first : first + batch]
+        outcomes = run_tasks(lint_one, chunk, args.jobs, args.budget, lambda source, why: (compiles(source), [], why))
+        for number, (source, (valid, ddp999, trouble)) in enumerate(zip(chunk, outcomes), start=first):
+            counts["programs"] += 1
+            counts["compile_ok"] += valid
+            kind = None
+            if "time budget" in trouble:
+                kind = "hangs"
+            elif "crashed" in trouble:
+                kind = "crashes"
+            elif trouble.startswith("libcst refused"):
+                kind = "valid_but_libcst_refused"
+            elif trouble:
+                kind = "exceptions"
+            if ddp999 and valid:
+                kind = "ddp999_on_valid"
+            elif ddp999:
+                counts["ddp999_on_invalid"] += 1
+            if kind:
+                counts[kind] += 1
+                (args.out / f"{kind}-{number}.py").write_bytes(source.encode("utf-8", "surrogatepass"))
+                (args.out / f"{kind}-{number}.txt").write_text(trouble or "\n".join(ddp999))
+        print(json.dumps(counts), file=sys.stderr, flush=True)  # progress: the figures so far
     counts["generation_s"] = round(generated_s, 1)
     counts["total_s"] = round(time.monotonic() - started, 1)
     print(json.dumps(counts, indent=2))

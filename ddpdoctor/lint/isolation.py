@@ -141,7 +141,10 @@ def contain(work: Callable[[], T], timeout_s: float) -> T:
             failure.append(error)
 
     previous_stack = threading.stack_size()
-    threading.stack_size(ANALYSIS_STACK_BYTES)
+    try:
+        threading.stack_size(ANALYSIS_STACK_BYTES)
+    except (ValueError, RuntimeError):  # a platform that refuses the size: its default stack
+        pass
     previous_limit = sys.getrecursionlimit()
     sys.setrecursionlimit(max(previous_limit, ANALYSIS_RECURSION_LIMIT))
     try:
