@@ -21,7 +21,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
 
-from fuzz_programs import compiles, mutate  # noqa: E402
+from fuzz_programs import compiles, mutate, with_trigger  # noqa: E402
 
 from ddpdoctor.config import Settings  # noqa: E402
 from ddpdoctor.lint.engine import lint_source  # noqa: E402
@@ -43,7 +43,7 @@ def generated(count: int, seed: int) -> list[str]:
         out.append(source)
 
     collect()
-    return out[:count]
+    return [with_trigger(program) for program in out[:count]]
 
 
 def lint_one(source: str) -> tuple[bool, list[str], str]:

@@ -17,7 +17,7 @@ from ddpdoctor.lint.engine import lint_source
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from fuzz_programs import compiles, mutate  # noqa: E402
+from fuzz_programs import compiles, mutate, with_trigger  # noqa: E402
 
 FIXTURES = sorted((Path(__file__).resolve().parent.parent / "fixtures").glob("*/*.py"))
 ALL = Settings(select=("ALL",))
@@ -32,16 +32,16 @@ def check(source: str) -> None:
         assert [f.message for f in findings if f.code == "DDP999"] == [], repr(source)
 
 
-@settings(max_examples=40, derandomize=True, deadline=None, database=None, suppress_health_check=list(HealthCheck))
+@settings(max_examples=30, derandomize=True, deadline=None, database=None, suppress_health_check=list(HealthCheck))
 @given(hypothesmith.from_grammar())
 def test_generated_programs(source: str) -> None:
-    check(source)
+    check(with_trigger(source))
 
 
 @pytest.mark.parametrize("seed", range(4))
 def test_mutated_fixtures(seed: int) -> None:
     rng = random.Random(seed)
-    for _ in range(20):
+    for _ in range(15):
         check(mutate(rng.choice(FIXTURES).read_text(encoding="utf-8"), rng))
 
 
