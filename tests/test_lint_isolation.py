@@ -209,6 +209,24 @@ def _allocate(size: int) -> str:
     return f"allocated {len(bytearray(size))}"
 
 
+_STATE: list[str] = []
+
+
+def _remember(value: str) -> None:
+    _STATE.append(value)
+
+
+def _state(task: int) -> str:
+    return ",".join(_STATE)
+
+
+def test_the_initializer_runs_once_in_each_worker() -> None:
+    assert run_tasks(_state, [1, 2, 3], 1, 60, lambda task, why: why, initializer=_remember, initargs=("ready",)) == [
+        "ready"
+    ] * 3
+    assert _STATE == []  # in the workers, not here
+
+
 def test_a_worker_cannot_take_more_than_its_memory_limit() -> None:
     """6 GiB is refused at once (the worker's address-space limit is 4 GiB); 1 MiB is fine."""
     outcomes = run_tasks(_allocate, [6 * 1024**3, 1024**2], 1, 60, lambda task, why: f"lost: {why}")
