@@ -65,6 +65,34 @@ def lint_one(source: str) -> tuple[bool, list[str], str]:
     return valid, [f"{f.code} {f.message}" for f in findings if f.code == "DDP999"], refused
 
 
+BATCH = 500
+
+
+def record(chunk: list[str], counts: dict[str, int], args: argparse.Namespace) -> None:
+    outcomes = run_tasks(lint_one, chunk, args.jobs, args.budget, lambda source, why: (compiles(source), [], why))
+    for source, (valid, ddp999, trouble) in zip(chunk, outcomes):
+        number = counts["programs"]
+        counts["programs"] += 1
+        counts["compile_ok"] += valid
+        kind = None
+        if "time budget" in trouble:
+            kind = "hangs"
+        elif "crashed" in trouble:
+            kind = "crashes"
+        elif trouble.startswith("libcst refused"):
+            kind = "valid_but_libcst_refused"
+        elif trouble:
+            kind = "exceptions"
+        if ddp999 and valid:
+            kind = "ddp999_on_valid"
+        elif ddp999:
+            counts["ddp999_on_invalid"] += 1
+        if kind:
+            counts[kind] += 1
+            (args.out / f"{kind}-{number}.py").write_bytes(source.encode("utf-8", "surrogatepass"))
+            (args.out / f"{kind}-{number}.txt").write_text(trouble or "\n".join(ddp999))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--programs", type=int, default=10_000)
@@ -78,39 +106,21 @@ def main() -> None:
     fixtures = [p.read_text(encoding="utf-8") for p in sorted((ROOT / "fixtures").glob("*/*.py"))]
     started = time.monotonic()
     half = min(args.generated, args.programs)
-    # Mutations first (cheap to make): the progress figures cover both kinds early.
-    programs = [mutate(rng.choice(fixtures), rng) for _ in range(args.programs - half)]
-    programs += generated(half // 2, 0) + generated(half - half // 2, 1)
-    print(f"generated {len(programs)} programs in {time.monotonic() - started:.0f} s", file=sys.stderr, flush=True)
-    generated_s = time.monotonic() - started
+    # Mutations first (cheap to make), hypothesmith's programs after: progress figures come early.
+    mutated = [mutate(rng.choice(fixtures), rng) for _ in range(args.programs - half)]
+
+    def later() -> list[str]:
+        made = generated(half // 2, 0) + generated(half - half // 2, 1)
+        print(f"hypothesmith wrote {len(made)} programs", file=sys.stderr, flush=True)
+        return made
+
     counts = {"programs": 0, "compile_ok": 0, "crashes": 0, "hangs": 0, "exceptions": 0, "ddp999_on_valid": 0, "ddp999_on_invalid": 0, "valid_but_libcst_refused": 0}
     args.out.mkdir(parents=True, exist_ok=True)
-    batch = 500
-    for first in range(0, len(programs), batch):
-        chunk = programs[first : first + batch]
-        outcomes = run_tasks(lint_one, chunk, args.jobs, args.budget, lambda source, why: (compiles(source), [], why))
-        for number, (source, (valid, ddp999, trouble)) in enumerate(zip(chunk, outcomes), start=first):
-            counts["programs"] += 1
-            counts["compile_ok"] += valid
-            kind = None
-            if "time budget" in trouble:
-                kind = "hangs"
-            elif "crashed" in trouble:
-                kind = "crashes"
-            elif trouble.startswith("libcst refused"):
-                kind = "valid_but_libcst_refused"
-            elif trouble:
-                kind = "exceptions"
-            if ddp999 and valid:
-                kind = "ddp999_on_valid"
-            elif ddp999:
-                counts["ddp999_on_invalid"] += 1
-            if kind:
-                counts[kind] += 1
-                (args.out / f"{kind}-{number}.py").write_bytes(source.encode("utf-8", "surrogatepass"))
-                (args.out / f"{kind}-{number}.txt").write_text(trouble or "\n".join(ddp999))
-        print(json.dumps(counts), file=sys.stderr, flush=True)  # progress: the figures so far
-    counts["generation_s"] = round(generated_s, 1)
+    for make in (lambda: mutated, later):
+        programs = make()
+        for first in range(0, len(programs), BATCH):
+            record(programs[first : first + BATCH], counts, args)
+            print(json.dumps(counts), file=sys.stderr, flush=True)  # progress: the figures so far
     counts["total_s"] = round(time.monotonic() - started, 1)
     print(json.dumps(counts, indent=2))
 
