@@ -56,3 +56,26 @@ def test_mutated_fixtures(seed: int) -> None:
 def test_valid_python_libcst_refuses_gets_no_ddp999(source: str) -> None:
     compile(source, "t.py", "exec")
     assert [f.code for f in lint_source(source, "t.py", ALL).findings] == []
+
+
+AMP_LINE = "scaler = torch.cuda.amp.GradScaler()"
+
+
+@pytest.mark.parametrize(
+    "source, line, column",
+    [
+        # A form feed in the indentation that opens a block (CPython resets the indent count there).
+        (f"import torch\ndef f():\n\x0c    {AMP_LINE}\n", 3, 15),
+        # A line holding only a backslash continuation before an indented line.
+        (f"import torch\ndef f():\n\\\n    {AMP_LINE}\n", 4, 14),
+    ],
+    ids=["form-feed-indent", "lone-backslash-line"],
+)
+def test_valid_python_libcst_tokenizes_differently_is_analysed_at_the_right_place(
+    source: str, line: int, column: int
+) -> None:
+    compile(source, "t.py", "exec")
+    findings = lint_source(source, "t.py", Settings(select=("AMP001",))).findings
+    assert [(f.code, f.line, f.column) for f in findings] == [("AMP001", line, column)]
+    fixed = lint_source(source, "t.py", Settings(select=("AMP001",)), fix=True).fixed_source
+    assert fixed == source.replace(AMP_LINE, 'scaler = torch.amp.GradScaler("cuda")')

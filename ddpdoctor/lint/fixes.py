@@ -7,6 +7,7 @@ is gone and no finding is new. Writing the result to disk is `ddpdoctor.lint.saf
 
 from __future__ import annotations
 
+import ast
 import difflib
 import re
 from typing import Callable, Iterator, Optional, Sequence
@@ -14,6 +15,7 @@ from typing import Callable, Iterator, Optional, Sequence
 import libcst as cst
 
 from ddpdoctor.findings import Finding
+from ddpdoctor.lint import normalise
 from ddpdoctor.lint.safe_write import atomic_write
 
 __all__ = ["FixError", "apply_fixes", "atomic_write", "fix_rounds", "is_applicable", "unified_diff", "verify"]
@@ -82,7 +84,23 @@ def verify(source: str) -> None:
     try:
         cst.parse_module(source)
     except cst.ParserSyntaxError as error:
+        # Valid Python in a corner libcst's tokenizer refuses (see normalise) is still valid.
+        normalised = normalise.for_libcst(source)
+        if normalised is not None and compiles(source):
+            try:
+                cst.parse_module(normalised.text)
+                return
+            except cst.ParserSyntaxError:
+                pass
         raise FixError(f"a fix produced invalid Python ({error.message} at line {error.raw_line})") from None
+
+
+def compiles(source: str) -> bool:
+    try:
+        compile(source, "<fixed>", "exec", flags=ast.PyCF_ONLY_AST, dont_inherit=True)
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
+        return False
+    return True
 
 
 def _code_counts(findings: Sequence[Finding]) -> dict[str, int]:
