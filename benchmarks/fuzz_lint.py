@@ -21,7 +21,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
 
-from fuzz_programs import compiles, mutate  # noqa: E402
+from fuzz_programs import compiles, mutate, with_trigger  # noqa: E402
 
 from ddpdoctor.config import Settings  # noqa: E402
 from ddpdoctor.lint.engine import lint_source  # noqa: E402
@@ -43,7 +43,7 @@ def generated(count: int, seed: int) -> list[str]:
         out.append(source)
 
     collect()
-    return out[:count]
+    return [with_trigger(program) for program in out[:count]]
 
 
 def lint_one(source: str) -> tuple[bool, list[str], str]:
@@ -65,25 +65,14 @@ def lint_one(source: str) -> tuple[bool, list[str], str]:
     return valid, [f"{f.code} {f.message}" for f in findings if f.code == "DDP999"], refused
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--programs", type=int, default=10_000)
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--jobs", type=int, default=2)
-    parser.add_argument("--budget", type=float, default=60.0, help="seconds per program before it counts as a hang")
-    parser.add_argument("--out", type=Path, default=Path("fuzz-lint-out"))
-    args = parser.parse_args()
-    rng = random.Random(args.seed)
-    fixtures = [p.read_text(encoding="utf-8") for p in sorted((ROOT / "fixtures").glob("*/*.py"))]
-    started = time.monotonic()
-    half = args.programs // 2
-    programs = generated(half // 2, 0) + generated(half - half // 2, 1)
-    programs += [mutate(rng.choice(fixtures), rng) for _ in range(args.programs - len(programs))]
-    generated_s = time.monotonic() - started
-    outcomes = run_tasks(lint_one, programs, args.jobs, args.budget, lambda source, why: (compiles(source), [], why))
-    counts = {"programs": len(programs), "compile_ok": 0, "crashes": 0, "hangs": 0, "exceptions": 0, "ddp999_on_valid": 0, "ddp999_on_invalid": 0, "valid_but_libcst_refused": 0}
-    args.out.mkdir(parents=True, exist_ok=True)
-    for number, (source, (valid, ddp999, trouble)) in enumerate(zip(programs, outcomes)):
+BATCH = 500
+
+
+def record(chunk: list[str], counts: dict[str, int], args: argparse.Namespace) -> None:
+    outcomes = run_tasks(lint_one, chunk, args.jobs, args.budget, lambda source, why: (compiles(source), [], why))
+    for source, (valid, ddp999, trouble) in zip(chunk, outcomes):
+        number = counts["programs"]
+        counts["programs"] += 1
         counts["compile_ok"] += valid
         kind = None
         if "time budget" in trouble:
@@ -102,7 +91,36 @@ def main() -> None:
             counts[kind] += 1
             (args.out / f"{kind}-{number}.py").write_bytes(source.encode("utf-8", "surrogatepass"))
             (args.out / f"{kind}-{number}.txt").write_text(trouble or "\n".join(ddp999))
-    counts["generation_s"] = round(generated_s, 1)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--programs", type=int, default=10_000)
+    parser.add_argument("--generated", type=int, default=3000, help="how many of them hypothesmith writes (the rest are mutated fixtures)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--jobs", type=int, default=2)
+    parser.add_argument("--budget", type=float, default=60.0, help="seconds per program before it counts as a hang")
+    parser.add_argument("--out", type=Path, default=Path("fuzz-lint-out"))
+    args = parser.parse_args()
+    rng = random.Random(args.seed)
+    fixtures = [p.read_text(encoding="utf-8") for p in sorted((ROOT / "fixtures").glob("*/*.py"))]
+    started = time.monotonic()
+    half = min(args.generated, args.programs)
+    # Mutations first (cheap to make), hypothesmith's programs after: progress figures come early.
+    mutated = [mutate(rng.choice(fixtures), rng) for _ in range(args.programs - half)]
+
+    def later() -> list[str]:
+        made = generated(half // 2, 0) + generated(half - half // 2, 1)
+        print(f"hypothesmith wrote {len(made)} programs", file=sys.stderr, flush=True)
+        return made
+
+    counts = {"programs": 0, "compile_ok": 0, "crashes": 0, "hangs": 0, "exceptions": 0, "ddp999_on_valid": 0, "ddp999_on_invalid": 0, "valid_but_libcst_refused": 0}
+    args.out.mkdir(parents=True, exist_ok=True)
+    for make in (lambda: mutated, later):
+        programs = make()
+        for first in range(0, len(programs), BATCH):
+            record(programs[first : first + BATCH], counts, args)
+            print(json.dumps(counts), file=sys.stderr, flush=True)  # progress: the figures so far
     counts["total_s"] = round(time.monotonic() - started, 1)
     print(json.dumps(counts, indent=2))
 

@@ -111,3 +111,12 @@ def compiles(text: str) -> bool:
     except (SyntaxError, ValueError, RecursionError, MemoryError, OverflowError):
         return False
     return True
+
+
+# The linter parses only files that mention what some rule looks at (its pre-filter): generated
+# programs get this first line so that they reach the parser and the rules.
+TRIGGER = "import torch.distributed as dist; from torch.nn.parallel import DistributedDataParallel as DDP\n"
+
+
+def with_trigger(program: str) -> str:
+    return program if "__future__" in program else TRIGGER + program

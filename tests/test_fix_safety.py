@@ -229,7 +229,7 @@ def _generated_sources(count: int) -> list[str]:
         lines.append("scaler = torch.cuda.amp.GradScaler()")
         for _ in range(rng.randint(0, 3)):
             lines.append(rng.choice(["z = 3", "# tail" + rng.choice(ODD_BREAKS), "w = torch.cuda.amp.autocast()"]))
-        text = rng.choice(["\n", "\r\n"]).join(lines)
+        text = rng.choice(["\n", "\r\n", "\r"]).join(lines)
         if rng.random() < 0.6:
             text += "\n" if "\r\n" not in text else "\r\n"
         if rng.random() < 0.3:
@@ -263,3 +263,36 @@ def test_diff_marks_a_missing_final_newline() -> None:
     diff = unified_diff("t.py", "a\nb", "a\nc")
     assert diff.endswith("-b\n\\ No newline at end of file\n+c\n\\ No newline at end of file\n")
     assert " a\x0cb\n-c\n+d\n" in unified_diff("t.py", "a\x0cb\nc\n", "a\x0cb\nd\n")
+
+
+def test_a_batch_with_one_bad_fix_falls_back_to_one_at_a_time() -> None:
+    """Three fixes; the batch adds a finding (the third fix's fault), so each is tried alone: the
+    two good ones are kept, the bad one is not."""
+    source = "a = 1\nb = 1\nc = 1\n"
+    found = [_finding("AMP001", n, Edit(n, 5, n, 6, "9")) for n in (1, 2, 3)]
+
+    def relint(text: str) -> list[Finding]:
+        lines = text.splitlines()
+        out = [_finding("AMP001", n + 1, Edit(n + 1, 5, n + 1, 6, "9")) for n, line in enumerate(lines) if line.endswith("1")]
+        if lines[2] == "c = 9":
+            out.append(_finding("DDP010", 3))  # the third fix breaks something else
+        return out
+
+    calls: list[str] = []
+    fixed, remaining, count = fix_rounds(source, found, lambda text: calls.append(text) or relint(text))
+    assert (fixed, count) == ("a = 9\nb = 9\nc = 1\n", 2)
+    assert [(f.code, f.line) for f in remaining] == [("AMP001", 3)]
+    assert calls[0] == "a = 9\nb = 9\nc = 9\n"  # the batch was tried first
+
+
+def test_a_good_batch_takes_one_relint() -> None:
+    source = "a = 1\nb = 1\n"
+    found = [_finding("AMP001", n, Edit(n, 5, n, 6, "9")) for n in (1, 2)]
+    calls: list[str] = []
+
+    def relint(text: str) -> list[Finding]:
+        calls.append(text)
+        return [_finding("AMP001", n + 1) for n, line in enumerate(text.splitlines()) if line.endswith("1")]
+
+    assert fix_rounds(source, found, relint) == ("a = 9\nb = 9\n", [], 2)
+    assert calls == ["a = 9\nb = 9\n"]

@@ -118,10 +118,12 @@ def test_a_file_past_its_time_budget_gets_ddp999_and_the_run_goes_on(tmp_path: P
 
 def test_a_worker_that_crashes_or_hangs_costs_only_its_own_file() -> None:
     """The pool itself, with real worker processes: a segfault and a hang in native code."""
-    outcomes = run_tasks(_task, ["ok", "segv", "ok", "hang", "ok", "ok"], 2, 0.5, lambda task, why: f"lost: {why}")
-    assert outcomes[0::2] == ["done ok"] * 3 and outcomes[5] == "done ok"
+    tasks = ["ok", "segv", "ok", "hang", "ok", "raise", "ok"]
+    outcomes = run_tasks(_task, tasks, 2, 0.5, lambda task, why: f"lost: {why}")
+    assert [outcomes[i] for i in (0, 2, 4, 6)] == ["done ok"] * 4
     assert outcomes[1] == "lost: the analysis crashed (SIGSEGV; out of memory or a parser bug)"
     assert outcomes[3] == "lost: analysis exceeded its time budget (0.5 s)"
+    assert outcomes[5] == "lost: internal error in the analysis: ZeroDivisionError"
 
 
 def _task(kind: str) -> str:
@@ -130,6 +132,8 @@ def _task(kind: str) -> str:
         os.kill(os.getpid(), signal.SIGSEGV)
     if kind == "hang":
         time.sleep(600)
+    if kind == "raise":
+        return str(1 / 0)
     return f"done {kind}"
 
 
@@ -195,3 +199,35 @@ def test_killing_lint_leaves_no_worker_running(tmp_path: Path, sig: signal.Signa
         if process.poll() is None:
             process.kill()
             process.wait()
+
+
+def _allocate(size: int) -> str:
+    import resource
+
+    if resource.getrlimit(resource.RLIMIT_AS)[0] > 4 * 1024**3:
+        return "no memory limit"  # never try 6 GiB on a shared machine without one
+    return f"allocated {len(bytearray(size))}"
+
+
+_STATE: list[str] = []
+
+
+def _remember(value: str) -> None:
+    _STATE.append(value)
+
+
+def _state(task: int) -> str:
+    return ",".join(_STATE)
+
+
+def test_the_initializer_runs_once_in_each_worker() -> None:
+    assert run_tasks(_state, [1, 2, 3], 1, 60, lambda task, why: why, initializer=_remember, initargs=("ready",)) == [
+        "ready"
+    ] * 3
+    assert _STATE == []  # in the workers, not here
+
+
+def test_a_worker_cannot_take_more_than_its_memory_limit() -> None:
+    """6 GiB is refused at once (the worker's address-space limit is 4 GiB); 1 MiB is fine."""
+    outcomes = run_tasks(_allocate, [6 * 1024**3, 1024**2], 1, 60, lambda task, why: f"lost: {why}")
+    assert outcomes == ["lost: internal error in the analysis: MemoryError", f"allocated {1024**2}"]

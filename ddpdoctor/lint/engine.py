@@ -21,7 +21,7 @@ from ddpdoctor.catalog import rule_info
 from ddpdoctor.config import Settings
 from ddpdoctor.findings import Finding, Severity
 from ddpdoctor.lint import fixes as fixing
-from ddpdoctor.lint import isolation
+from ddpdoctor.lint import isolation, normalise
 from ddpdoctor.lint.analysis import ModuleModel, build_analysis
 from ddpdoctor.lint.analysis.imports import ProjectSources
 from ddpdoctor.lint.cache import ResultCache, content_hash
@@ -135,17 +135,29 @@ def lint_text(
     deep = isolation.too_deep(text, path)
     if deep is not None:
         return [_parse_error(path, deep[0], deep[1])], True
+    normalised: Optional[normalise.Normalised] = None
     try:
         module = cst.parse_module(text)
     except cst.ParserSyntaxError as error:
         refused = _syntax_error_finding(text, path, error)
-        return ([refused] if refused else []), refused is not None
+        if refused is not None:
+            return [refused], True
+        # Valid Python libcst's tokenizer refuses: analyse an equivalent text it accepts.
+        normalised = normalise.for_libcst(text)
+        if normalised is None:
+            return [], False
+        try:
+            module = cst.parse_module(normalised.text)
+        except cst.ParserSyntaxError:
+            return [], False
     if project is not None and data is not None:
         project.provide(Path(path), data, module)
     model = _analyse(module, path, world_size, project)
     findings: list[Finding] = []
     for rule_class in rules:
         findings.extend(f for f in rule_class(model).run() if f.path == path)
+    if normalised is not None:
+        findings = normalised.restore(findings)
     return apply_suppressions(findings, text), True
 
 

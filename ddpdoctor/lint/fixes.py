@@ -7,13 +7,15 @@ is gone and no finding is new. Writing the result to disk is `ddpdoctor.lint.saf
 
 from __future__ import annotations
 
+import ast
 import difflib
 import re
-from typing import Callable, Iterator, Sequence
+from typing import Callable, Iterator, Optional, Sequence
 
 import libcst as cst
 
 from ddpdoctor.findings import Finding
+from ddpdoctor.lint import normalise
 from ddpdoctor.lint.safe_write import atomic_write
 
 __all__ = ["FixError", "apply_fixes", "atomic_write", "fix_rounds", "is_applicable", "unified_diff", "verify"]
@@ -82,7 +84,23 @@ def verify(source: str) -> None:
     try:
         cst.parse_module(source)
     except cst.ParserSyntaxError as error:
+        # Valid Python in a corner libcst's tokenizer refuses (see normalise) is still valid.
+        normalised = normalise.for_libcst(source)
+        if normalised is not None and compiles(source):
+            try:
+                cst.parse_module(normalised.text)
+                return
+            except cst.ParserSyntaxError:
+                pass
         raise FixError(f"a fix produced invalid Python ({error.message} at line {error.raw_line})") from None
+
+
+def compiles(source: str) -> bool:
+    try:
+        compile(source, "<fixed>", "exec", flags=ast.PyCF_ONLY_AST, dont_inherit=True)
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
+        return False
+    return True
 
 
 def _code_counts(findings: Sequence[Finding]) -> dict[str, int]:
@@ -92,12 +110,30 @@ def _code_counts(findings: Sequence[Finding]) -> dict[str, int]:
     return counts
 
 
-def _improves(before: Sequence[Finding], fixed: Finding, after: Sequence[Finding]) -> bool:
-    """The fix removed its own finding and added none: for every code, the count after is at most
-    the count before, and one less for the fixed code."""
+def _improves(before: Sequence[Finding], fixed: Sequence[Finding], after: Sequence[Finding]) -> bool:
+    """The fixes removed their own findings and added none: for every code, the count after is at
+    most the count before less the fixes of that code."""
     old, new = _code_counts(before), _code_counts(after)
-    old[fixed.code] -= 1
+    for finding in fixed:
+        old[finding.code] -= 1
     return all(count <= old.get(code, 0) for code, count in new.items())
+
+
+def _all_at_once(
+    source: str, findings: Sequence[Finding], relint: Callable[[str], list[Finding]], unsafe: bool
+) -> Optional[tuple[str, list[Finding], int]]:
+    """The common case in one re-lint: every non-overlapping fix together, kept if the whole batch
+    passes the same test each fix must pass alone."""
+    applicable = [f for f in findings if is_applicable(f, unsafe)]
+    new, applied = apply_fixes(source, applicable, unsafe)
+    if applied != len(applicable) or applied < 2:
+        return None  # overlaps, or a single fix: the one-at-a-time path says the same
+    try:
+        verify(new)
+        after = relint(new)
+    except FixError:
+        return None
+    return (new, after, applied) if _improves(findings, applicable, after) else None
 
 
 def fix_rounds(
@@ -110,7 +146,12 @@ def fix_rounds(
 
     Returns (fixed source, the findings that remain, fixes applied). A fix that breaks the parse,
     leaves its own finding or adds any finding is dropped and its finding stays."""
-    current, remaining, total = source, list(findings), 0
+    batch = _all_at_once(source, findings, relint, unsafe)
+    if batch is not None:
+        source, findings, total_first = batch
+    else:
+        total_first = 0
+    current, remaining, total = source, list(findings), total_first
     rejected: set[tuple[str, int]] = set()
     attempts = 0
     while attempts < MAX_FIX_ATTEMPTS:
@@ -125,7 +166,7 @@ def fix_rounds(
         except FixError:
             rejected.add(key)
             continue
-        if not _improves(remaining, finding, after):
+        if not _improves(remaining, [finding], after):
             rejected.add(key)
             continue
         current, remaining, total = new, after, total + 1

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import ast
 import ctypes
+import re
 import sys
 import threading
 import time
@@ -32,6 +33,16 @@ DEFAULT_FILE_TIMEOUT_S = 60.0
 ANALYSIS_STACK_BYTES = 512 * 1024 * 1024
 ANALYSIS_RECURSION_LIMIT = 50_000
 DEFAULT_RECURSION_LIMIT = 1000
+SUSPICIOUS_DEPTH = 100
+LONG_STATEMENT_CHARS = 2000
+_STRUCTURE = re.compile(
+    r"'''[\s\S]*?'''"
+    r'|"""[\s\S]*?"""'
+    r"|'(?:\\.|[^'\\\n])*'"
+    r'|"(?:\\.|[^"\\\n])*"'
+    r"|#[^\n]*"
+    r"|[()\[\]{}\n]"
+)
 # CPython's limit on nested brackets (MAXLEVEL in its tokenizer) is 200.
 _CPYTHON_DEPTH_REFUSALS = ("too many nested parentheses", "too many nested", "too complex")
 
@@ -66,11 +77,41 @@ class _BudgetExceeded(BaseException):
     pass
 
 
+def _may_be_deep(text: str) -> bool:
+    """A cheap over-approximation of "CPython might refuse this as too deep": brackets nested 100
+    deep (CPython refuses 200), or a statement over 2,000 characters outside strings (a long chain
+    of attributes, calls, subscripts or operators nests one level per link). Comments and strings
+    are skipped roughly (a false alarm only costs the exact check); the scan runs in the regex
+    engine and visits only brackets, newlines, strings and comments."""
+    depth = 0
+    start = 0
+    for match in _STRUCTURE.finditer(text):
+        char = match.group()
+        if char == "\n":
+            if depth <= 0:
+                if match.start() - start > LONG_STATEMENT_CHARS:
+                    return True
+                start = match.start()
+                depth = 0
+        elif char in "([{":
+            depth += 1
+            if depth >= SUSPICIOUS_DEPTH:
+                return True
+        elif char in ")]}":
+            depth -= 1
+        elif depth <= 0 and char[0] != "#":
+            start = match.end()  # a docstring is not a chain, however long
+    return len(text) - start > LONG_STATEMENT_CHARS
+
+
 def too_deep(text: str, path: str) -> Optional[tuple[str, int]]:
     """(reason, line) when CPython's parser refuses the text as nested too deeply, else None.
 
     Asked at CPython's default recursion limit (which scales its parser's depth limit), so the
-    verdict is the one `python` itself gives, whatever limit the analysis thread runs under."""
+    verdict is the one `python` itself gives, whatever limit the analysis thread runs under. Only
+    asked when `_may_be_deep` says so: the exact check costs about a fifth of a lint."""
+    if not _may_be_deep(text):
+        return None
     raised = sys.getrecursionlimit()
     sys.setrecursionlimit(DEFAULT_RECURSION_LIMIT)
     try:
@@ -100,7 +141,10 @@ def contain(work: Callable[[], T], timeout_s: float) -> T:
             failure.append(error)
 
     previous_stack = threading.stack_size()
-    threading.stack_size(ANALYSIS_STACK_BYTES)
+    try:
+        threading.stack_size(ANALYSIS_STACK_BYTES)
+    except (ValueError, RuntimeError):  # a platform that refuses the size: its default stack
+        pass
     previous_limit = sys.getrecursionlimit()
     sys.setrecursionlimit(max(previous_limit, ANALYSIS_RECURSION_LIMIT))
     try:

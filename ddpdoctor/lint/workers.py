@@ -60,10 +60,19 @@ def _limit_memory(max_source_bytes: int) -> None:
         resource.setrlimit(resource.RLIMIT_AS, (limit, hard))
 
 
-def _serve(conn: Connection, func: Callable[[Any], Any], parent_pid: int, max_source_bytes: int) -> None:
+def _serve(
+    conn: Connection,
+    func: Callable[[Any], Any],
+    parent_pid: int,
+    max_source_bytes: int,
+    initializer: Optional[Callable[..., None]],
+    initargs: tuple[Any, ...],
+) -> None:
     die_with_parent(parent_pid)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
     _limit_memory(max_source_bytes)
+    if initializer is not None:
+        initializer(*initargs)
     while True:
         try:
             message = conn.recv()
@@ -72,7 +81,15 @@ def _serve(conn: Connection, func: Callable[[Any], Any], parent_pid: int, max_so
         if message is None:
             return
         index, task = message
-        conn.send((index, func(task)))
+        try:
+            conn.send((index, func(task)))
+        except Exception as error:  # noqa: BLE001 - a bug of ours: this task's result says so
+            conn.send((index, _Failed(f"internal error in the analysis: {type(error).__name__}")))
+
+
+@dataclass(frozen=True)
+class _Failed:
+    reason: str
 
 
 @dataclass
@@ -99,9 +116,12 @@ def run_tasks(
     budget_s: float,
     lost: Callable[[T, str], R],
     max_source_bytes: int = 0,
+    initializer: Optional[Callable[..., None]] = None,
+    initargs: tuple[Any, ...] = (),
 ) -> list[R]:
     """`[func(t) for t in tasks]` on `processes` workers. A task whose worker is killed (time
-    budget) or dies gets `lost(task, reason)` instead."""
+    budget) or dies gets `lost(task, reason)` instead. `initializer(*initargs)` runs once in each
+    worker, as with concurrent.futures."""
     context = multiprocessing.get_context("fork")
     results: list[Optional[R]] = [None] * len(tasks)
     pending = list(range(len(tasks)))
@@ -111,7 +131,9 @@ def run_tasks(
 
     def spawn() -> _Worker[T]:
         ours, theirs = context.Pipe()
-        process = context.Process(target=_serve, args=(theirs, func, parent, max_source_bytes), daemon=True)
+        process = context.Process(
+            target=_serve, args=(theirs, func, parent, max_source_bytes, initializer, initargs), daemon=True
+        )
         process.start()
         theirs.close()
         return _Worker(process, ours)
@@ -147,7 +169,7 @@ def run_tasks(
                         worker.process.join()
                         retire(worker, _reason_for_death(worker.process.exitcode))
                         continue
-                    results[index] = result
+                    results[index] = lost(tasks[index], result.reason) if isinstance(result, _Failed) else result
                     worker.task = None
                 elif worker.task is not None and time.monotonic() >= worker.task[2]:
                     retire(worker, f"analysis exceeded its time budget ({budget_s:g} s)")
