@@ -71,3 +71,19 @@ def test_suggested_fixes_are_not_called_fixable() -> None:
     assert payload["DDP010"]["fixable"] is False and payload["DDP010"]["fix"] == "suggested"
     row = next(line for line in invoke("rules").output.splitlines() if line.startswith("DDP010"))
     assert "suggested" in row.split()
+
+
+def test_rules_and_explain_list_the_field_rules() -> None:
+    """Issue 11's codes: DDP012 (on, suggested fix) and DP003 (on, no fix)."""
+    payload = {r["code"]: r for r in json.loads(invoke("rules", "--format", "json").output)}
+    assert (payload["DDP012"]["name"], payload["DDP012"]["default"], payload["DDP012"]["fix"]) == (
+        "load-without-map-location", "on", "suggested",
+    )
+    assert (payload["DP003"]["name"], payload["DP003"]["default"], payload["DP003"]["fix"]) == (
+        "dataparallel-inside-rank", "on", "none",
+    )
+    table = invoke("rules").output
+    assert any(line.startswith("DDP012") and "suggested" in line for line in table.splitlines())
+    page = invoke("explain", "DDP012").output
+    assert page.startswith("# DDP012 load-without-map-location") and "map_location" in page
+    assert invoke("explain", "dp003").output.startswith("# DP003 dataparallel-inside-rank")

@@ -12,7 +12,8 @@ import libcst as cst
 
 from ddpdoctor.lint.analysis.launch import DDP_CLASS, INIT_PROCESS_GROUP, runs_in_module
 from ddpdoctor.lint.analysis.model import MAX_DEPTH, Assignment, Call, Function, ModuleModel
-from ddpdoctor.lint.analysis.syntax import dotted_name
+from ddpdoctor.lint.analysis.ranks import rank_source
+from ddpdoctor.lint.analysis.syntax import dotted_name, walk
 
 BARRIER = "torch.distributed.barrier"
 # Calls that make a device the process's current one (a call or a `with` context).
@@ -233,4 +234,73 @@ def _device_index_of(
         return [DeviceIndex("expr", value, order, function)]
     return [DeviceIndex("other", value, order, function)]
 
+
+# ------------------------------------------------------------------ does the script use CUDA at all
+
+_CUDA_STRING = re.compile(r"^(cuda|nccl)(:\d+)?$")
+
+
+def uses_cuda(model: ModuleModel) -> bool:
+    """The script puts something on a GPU: `.cuda()`, a `torch.cuda.*` call, `device_ids=`, a
+    `"cuda"` / `"cuda:N"` / `f"cuda:{i}"` device or the NCCL backend. A gloo job on CPUs has none."""
+
+    def compute() -> bool:
+        if model.method_calls("cuda") or any((c.name or "").startswith("torch.cuda.") for c in model.calls):
+            return True
+        if any(arg.keyword is not None and arg.keyword.value == "device_ids" for c in model.calls for arg in c.args):
+            return True
+        for node in walk(model.module):
+            if isinstance(node, cst.SimpleString) and _CUDA_STRING.match(str(node.evaluated_value)):
+                return True
+            if isinstance(node, cst.FormattedString) and node.parts and isinstance(node.parts[0], cst.FormattedStringText):
+                if node.parts[0].value.startswith("cuda:"):
+                    return True
+        return False
+
+    return model.memoized(("uses_cuda",), compute, False)
+
+
+def local_device_expression(model: ModuleModel, call: Call) -> Optional[str]:
+    """Source text naming this process's own GPU where `call` runs, for a fix to pass on: a plain
+    variable bound before it in the same function, on every path, to `torch.device("cuda", i)` or
+    `f"cuda:{i}"` with `i` a local rank; else the local rank pinned by `torch.cuda.set_device(i)`
+    earlier in the same function and under no other condition. None when nothing is certain."""
+    for assignment in model.assignments:
+        if assignment.function is not call.function or assignment.order > call.order or assignment.kind != "assign":
+            continue
+        if assignment.value is None or "." in assignment.target:
+            continue
+        if model.reaching_assignments(assignment.target, call.order, call.function) != [assignment]:
+            continue
+        if assignment.ctx.guards != call.ctx.guards[: len(assignment.ctx.guards)]:
+            continue  # bound under a condition the call does not share
+        if _is_local_cuda_device(model, assignment.value, assignment.order, assignment.function):
+            return assignment.target
+    for pin in model.calls_named("torch.cuda.set_device"):
+        if pin.function is not call.function or pin.order > call.order:
+            continue
+        if pin.ctx.guards != call.ctx.guards[: len(pin.ctx.guards)]:
+            continue  # pinned under a condition the call does not share
+        index = pin.arg(0, "device")
+        name = dotted_name(index)
+        if name is not None and rank_source(model, index, pin.order, pin.function) in ("local", "spawn"):
+            return f'f"cuda:{{{name}}}"'
+    return None
+
+
+def _is_local_cuda_device(model: ModuleModel, value: cst.BaseExpression, order: int, function: Optional[Function]) -> bool:
+    if isinstance(value, cst.Call) and model.qualify(value.func) == "torch.device" and len(value.args) == 2:
+        kind, index = value.args[0].value, value.args[1].value
+        return (
+            isinstance(kind, cst.SimpleString) and kind.evaluated_value == "cuda"
+            and rank_source(model, index, order, function) in ("local", "spawn")
+        )
+    if isinstance(value, cst.FormattedString) and len(value.parts) == 2:
+        text, field = value.parts
+        return (
+            isinstance(text, cst.FormattedStringText) and text.value == "cuda:"
+            and isinstance(field, cst.FormattedStringExpression)
+            and rank_source(model, field.expression, order, function) in ("local", "spawn")
+        )
+    return False
 

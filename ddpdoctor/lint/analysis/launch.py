@@ -194,3 +194,59 @@ def env_copy_key(
             return None
     return str(key.evaluated_value)
 
+
+# ------------------------------------------------------------------ process groups and several nodes
+
+PROCESS_GROUP_CALLS = frozenset({INIT_PROCESS_GROUP, *HOROVOD_INIT_CALLS, *DEEPSPEED_INIT_CALLS})
+# The index of the node (machine) a process runs on, not of the process: launcher variables, and
+# the names scripts give it (`--node_rank`, the `-nr` of the classic multi-node spawn tutorial).
+NODE_INDEX_ENV = frozenset({"GROUP_RANK", "NODE_RANK", "SLURM_NODEID", "OMPI_COMM_WORLD_NODE_RANK"})
+NODE_INDEX_NAMES = frozenset(
+    {"node_rank", "nr", "node_id", "node_idx", "node_index", "group_rank", "machine_rank", "nodeid", "noderank"}
+)
+NODE_COUNT_ENV = frozenset({"SLURM_NNODES", "SLURM_JOB_NUM_NODES", "GROUP_WORLD_SIZE"})
+NODE_COUNT_NAMES = frozenset({"nnodes", "nodes", "num_nodes", "n_nodes", "num_machines"})
+
+
+def process_group_setup(model: ModuleModel) -> Optional[Call]:
+    """The call that creates this script's process group: `init_process_group` with a world size
+    not provably 1, `hvd.init()`, `deepspeed.init_distributed()` / `deepspeed.initialize()`. Unlike
+    `multiprocess_evidence`, a DDP wrap or `mp.spawn` alone does not count (a script may spawn
+    workers that are not ranks of one job)."""
+    if model.world_size == 1:
+        return None
+    for call in model.calls_named(*PROCESS_GROUP_CALLS):
+        if call.name == INIT_PROCESS_GROUP:
+            world = call.arg(3, "world_size")
+            if world is not None and model.const_value(world, call.order, call.function) == 1:
+                continue
+        return call
+    return None
+
+
+def multinode_evidence(model: ModuleModel) -> Optional[cst.CSTNode]:
+    """Where the script shows it runs on several nodes: a node count or node index it reads from the
+    launcher (`GROUP_RANK`, `SLURM_NNODES`), takes on the command line (`--nnodes`, `--nodes`,
+    `-nr`) or assigns (`node_rank = ...`). Stricter than "could be started by torchrun": a script
+    with none of these is taken to run on one node."""
+
+    def compute() -> Optional[cst.CSTNode]:
+        words = NODE_INDEX_NAMES | NODE_COUNT_NAMES
+        for key, node in env_reads(model):
+            if key in NODE_INDEX_ENV or key in NODE_COUNT_ENV:
+                return node
+        for call in model.method_calls("add_argument"):
+            for arg in call.args:
+                if not isinstance(arg.value, cst.SimpleString):
+                    continue
+                text = str(arg.value.evaluated_value)
+                is_option = text.startswith("-") if arg.keyword is None else arg.keyword.value == "dest"
+                if is_option and text.lstrip("-").replace("-", "_").lower() in words:
+                    return call.node
+        for assignment in model.assignments:
+            if assignment.kind != "param" and assignment.target.rsplit(".", 1)[-1].lower() in words:
+                return assignment.node
+        return None
+
+    return model.memoized(("multinode_evidence",), compute, None)
+

@@ -16,7 +16,7 @@ from typing import Callable, Optional, Protocol, Sequence, Union
 
 import libcst as cst
 
-from ddpdoctor.lint.analysis.launch import SPAWN_CALLS, env_copy_key, env_key
+from ddpdoctor.lint.analysis.launch import NODE_INDEX_ENV, NODE_INDEX_NAMES, SPAWN_CALLS, env_copy_key, env_key
 from ddpdoctor.lint.analysis.model import MAX_DEPTH, Assignment, Call, Context, Function, Guard, ModuleModel, Route
 from ddpdoctor.lint.analysis.syntax import (
     dotted_name,
@@ -144,7 +144,7 @@ def _rank(
                     return kind
         if last.endswith("local_rank") or last == "localrank":
             return "local"
-        if last == "rank" or last.endswith("_rank") and last not in ("node_rank", "group_rank", "num_rank"):
+        if last == "rank" or last.endswith("_rank") and last not in ("node_rank", "group_rank", "num_rank", "machine_rank"):
             return "global"
         return None
     kinds: set[Optional[str]] = set()
@@ -295,7 +295,7 @@ def is_single_process_test(model: ModuleModel, test: cst.BaseExpression, negated
     if isinstance(test.left, cst.SimpleString) and isinstance(operator, cst.NotIn):
         # `"RANK" not in os.environ`: no launcher set this process up.
         return model.qualify(right) == "os.environ" and str(test.left.evaluated_value) in LAUNCHER_ENV
-    last = last_segment(dotted_name(test.left) or "")
+    last = last_segment(dotted_name(test.left) or "").lower()  # `RANK == -1` (yolov5) as well
     if last.endswith("rank") and isinstance(operator, cst.Equal):
         return literal_int(right) == -1
     if "world_size" in last or last in ("num_gpus", "n_gpus", "num_processes"):
@@ -454,6 +454,7 @@ class Runs(str, enum.Enum):
     NONZERO = "nonzero"  # only the ranks other than 0
     SUBSET = "subset"  # some other specific rank(s)
     SINGLE = "single"  # only a run that is not distributed at all
+    NODE0 = "node0"  # every process of the first node: a test of the node index (`if args.nr == 0:`)
     UNKNOWN = "unknown"  # undecidable: a helper nobody here calls, a check on an id we cannot trace
 
 
@@ -529,12 +530,14 @@ def decided_by_guards(model: ModuleModel, guards: Sequence[Guard]) -> Optional[W
     """A single-process condition anywhere around wins (that code never runs in the distributed
     job); otherwise the innermost rank condition."""
     for guard in guards:
-        if is_single_process_test(model, guard.test, guard.negated):
+        if is_single_process_test(model, guard.test, guard.negated) or _gpu_count_of_one_process(model, guard):
             return WhoRuns(Runs.SINGLE, guard)
     for guard in reversed(guards):
         kind = classify_rank_test(model, guard.test, guard.order, guard.function, guard.negated)
         if kind is not None:
             return WhoRuns(Runs(kind), guard)
+        if not guard.negated and tests_node_zero(model, guard.test, guard.order, guard.function):
+            return WhoRuns(Runs.NODE0, guard)
     for guard in guards:
         if _looks_like_rank_test(guard.test):
             return WhoRuns(Runs.UNKNOWN, guard)
@@ -585,7 +588,143 @@ def route_runs(model: ModuleModel, route: Union[Route, Sequence[Union[Call, Assi
     literal that only arrives along a path where the job is one process is no multi-process bug."""
     steps = route.via if isinstance(route, Route) else route
     answers = {who_runs(model, sink).runs, *(who_runs(model, step).runs for step in steps)}
-    for narrow in (Runs.SINGLE, Runs.RANK0, Runs.NONZERO, Runs.SUBSET, Runs.UNKNOWN):
+    for narrow in (Runs.SINGLE, Runs.RANK0, Runs.NONZERO, Runs.SUBSET, Runs.NODE0, Runs.UNKNOWN):
         if narrow in answers:
             return narrow
     return Runs.ALL
+
+
+# ------------------------------------------------------------- which rank a condition tests
+
+# "Main process" predicates that hold once per node (Accelerate, the HF Trainer, Lightning).
+LOCAL_MAIN_PROCESS_NAMES = frozenset({"is_local_master", "is_local_main_process", "is_local_process_zero", "local_master"})
+
+
+def node_index(model: ModuleModel, expr: Optional[cst.BaseExpression], order: int, function: Optional[Function], depth: int = 0) -> bool:
+    """`args.nr`, `node_rank = int(os.environ["GROUP_RANK"])`, `SLURM_NODEID`: the index of the node,
+    which every process of that node shares (so `== 0` holds on a whole node, not on one rank)."""
+    if expr is None or depth > MAX_DEPTH:
+        return False
+    key = env_key(model, expr)
+    if key is not None:
+        return key in NODE_INDEX_ENV
+    if isinstance(expr, cst.Call) and dotted_name(expr.func) == "int" and expr.args:
+        return node_index(model, expr.args[0].value, order, function, depth + 1)
+    name = dotted_name(expr)
+    if name is None:
+        return False
+    if last_segment(name).lower() in NODE_INDEX_NAMES:
+        return True
+    return any(
+        value is not expr and node_index(model, value, v_order, v_function, depth + 1)
+        for value, v_order, v_function in model.leaf_values(expr, order, function)
+    )
+
+
+def tests_node_zero(model: ModuleModel, test: cst.BaseExpression, order: int, function: Optional[Function]) -> bool:
+    """`args.nr == 0`, `step % k == 0 and node_rank == 0`, `node_rank in [0]`: the node index
+    compared with zero (a condition every process of node 0 passes)."""
+    if isinstance(test, cst.BooleanOperation):
+        return isinstance(test.operator, cst.And) and any(
+            tests_node_zero(model, side, order, function) for side in (test.left, test.right)
+        )
+    if not isinstance(test, cst.Comparison) or len(test.comparisons) != 1:
+        return False
+    target = test.comparisons[0]
+    left, right = test.left, target.comparator
+    if is_zero_literal(left):
+        left, right = right, left
+    zero = (isinstance(target.operator, cst.Equal) and is_zero_literal(right)) or (
+        isinstance(target.operator, cst.In) and literal_ints(right) == [0]
+    )
+    return zero and node_index(model, left, order, function)
+
+
+def guard_rank_kinds(model: ModuleModel, guard: Guard, depth: int = 0) -> frozenset[str]:
+    """Which rank a rank condition compares: {"global"}, {"local"} (the local rank, an `mp.spawn`
+    index, `rank % ngpus_per_node`, `is_local_main_process`), or both, leaving out single-process
+    operands (`local_rank == -1`, `not args.distributed`). "unknown" when a part cannot be read."""
+    return _rank_kinds(model, guard.test, guard.order, guard.function, depth)
+
+
+def _rank_kinds(model: ModuleModel, test: cst.BaseExpression, order: int, function: Optional[Function], depth: int) -> frozenset[str]:
+    if depth > MAX_DEPTH:
+        return frozenset({"unknown"})
+    if isinstance(test, cst.UnaryOperation) and isinstance(test.operator, cst.Not):
+        return _rank_kinds(model, test.expression, order, function, depth + 1)
+    if isinstance(test, cst.BooleanOperation):
+        out: set[str] = set()
+        for side in flatten_boolean(test):
+            if is_single_process_test(model, side) or is_single_process_test(model, side, True):
+                continue
+            out |= _rank_kinds(model, side, order, function, depth + 1)
+        return frozenset(out)
+    if isinstance(test, cst.Comparison) and len(test.comparisons) == 1:
+        left = test.left if not isinstance(test.left, cst.Integer) else test.comparisons[0].comparator
+        if isinstance(left, cst.BinaryOperation) and isinstance(left.operator, cst.Modulo):
+            return frozenset({"local"})  # `args.rank % ngpus_per_node == 0`: the first process of each node
+        kind = rank_kind(model, left, order, function)
+        if kind is None:
+            return frozenset({"unknown"})
+        if kind == "global":
+            return frozenset({"global"})
+        # "local" only when certain: the name says so, or every source of the value does. A rank
+        # built up in steps (`args.rank = node * ngpus` then `args.rank += gpu`) is global.
+        name = dotted_name(left)
+        if name is not None and "local" in last_segment(name).lower():
+            return frozenset({"local"})
+        if rank_source(model, left, order, function) in ("local", "spawn"):
+            return frozenset({"local"})
+        return frozenset({"unknown"})
+    name = dotted_name(test.func if isinstance(test, cst.Call) else test)
+    if name is not None and not isinstance(test, cst.Call):
+        # A flag bound to a rank test (`is_master = args.local_rank == 0`): what it compares, not its name.
+        out = set()
+        for value in model.reaching_values(test, order, function):
+            if value is not test and isinstance(value, (cst.Comparison, cst.BooleanOperation, cst.UnaryOperation)):
+                out |= _rank_kinds(model, value, order, function, depth + 1)
+        if out:
+            return frozenset(out)
+    if name is not None and last_segment(name) in LOCAL_MAIN_PROCESS_NAMES:
+        return frozenset({"local"})
+    if is_main_process_predicate(model, test, order, function):
+        return frozenset({"global"})
+    return frozenset({"unknown"})
+
+
+def _gpu_count_of_one_process(model: ModuleModel, guard: Guard) -> bool:
+    """`if args.n_gpu > 1:` in the legacy Hugging Face examples: the GPU count is the device count
+    when `local_rank == -1` and set to 1 on the distributed path, so the branch (a DataParallel
+    wrap, a `loss.mean()`) only runs in a single process. The count is followed to its values; when
+    it cannot be (`args` handed to a helper), an assignment of a literal 1 to the same attribute
+    anywhere in the module counts."""
+    if guard.negated:
+        return False
+    return _above_one_but_set_to_one(model, guard.test, guard.order, guard.function)
+
+
+def _above_one_but_set_to_one(model: ModuleModel, test: cst.BaseExpression, order: int, function: Optional[Function]) -> bool:
+    if isinstance(test, cst.BooleanOperation):
+        return isinstance(test.operator, cst.And) and any(
+            _above_one_but_set_to_one(model, side, order, function) for side in (test.left, test.right)
+        )
+    if not isinstance(test, cst.Comparison) or len(test.comparisons) != 1:
+        return False
+    target = test.comparisons[0]
+    bound = literal_int(target.comparator)
+    above_one = (isinstance(target.operator, cst.GreaterThan) and bound == 1) or (
+        isinstance(target.operator, cst.GreaterThanEqual) and bound == 2
+    )
+    name = dotted_name(test.left)
+    if not above_one or name is None:
+        return False
+    leaves = model.leaf_values(test.left, order, function)
+    if any(literal_int(value) == 1 for value, _, _ in leaves):
+        return True
+    if "." in name and all(value is test.left for value, _, _ in leaves):
+        last = last_segment(name)
+        return any(
+            a.target.rsplit(".", 1)[-1] == last and a.value is not None and literal_int(a.value) == 1
+            for a in model.assignments
+        )
+    return False

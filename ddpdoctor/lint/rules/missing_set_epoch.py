@@ -7,7 +7,7 @@ from typing import Optional
 import libcst as cst
 
 from ddpdoctor.findings import Edit, Fix
-from ddpdoctor.lint.analysis import Call, Loop, names_in, summaries
+from ddpdoctor.lint.analysis import Call, Function, Loop, dotted_name, names_in, summaries
 from ddpdoctor.lint.rules.base import Rule
 
 SAMPLER = "torch.utils.data.DistributedSampler"
@@ -55,7 +55,14 @@ class MissingSetEpoch(Rule):
                     if key in reported or self._reseeded_each_epoch(sampler, epoch_loop):
                         continue
                     within = self.model.calls_within(epoch_loop, depth=MAX_CALLERS)
-                    if any(self._sets_epoch(c, sampler, fed) for c in within if c.attr == "set_epoch"):
+                    setters = [c for c in within if c.attr == "set_epoch" and self._sets_epoch(c, sampler, fed)]
+                    if setters:
+                        fixed = [c for c in setters if self._fixed_per_epoch(c, epoch_loop, within)]
+                        others = [c for c in set_epochs if c in within and c not in setters]
+                        if len(fixed) == len(setters) and not any(self._unresolved(c) for c in others):
+                            reported.add(key)
+                            for call in fixed:
+                                self._report_fixed(call, epoch_loop)
                         continue
                     if any(self._unresolved(c) for c in set_epochs if c in within):
                         continue
@@ -71,6 +78,81 @@ class MissingSetEpoch(Rule):
                         f"Call `{name}.set_epoch(epoch)` at the start of each epoch.",
                         fix=self._fix(sampler, epoch_loop),
                     )
+
+    def _report_fixed(self, call: Call, epoch_loop: Loop) -> None:
+        value = call.arg(0, "epoch")
+        text = self.model.code_of(value) if value is not None else ""
+        receiver = self.model.code_of(call.receiver) if call.receiver is not None else "sampler"
+        node = epoch_loop.node
+        target = node.target.value if isinstance(node, cst.For) and isinstance(node.target, cst.Name) else "epoch"
+        self.report(
+            call.node,
+            f"`{receiver}.set_epoch({text})` is called with a value that does not change per epoch (epoch "
+            f"loop at line {self.line(node)}): the sampler is reseeded with the same value every epoch, so "
+            f"every epoch repeats the same order on every rank, as if set_epoch were missing. Pass the "
+            f"current epoch: `{receiver}.set_epoch({target})`.",
+        )
+
+    def _fixed_per_epoch(self, call: Call, epoch_loop: Loop, within: list[Call], depth: int = 0) -> bool:
+        """The value passed to set_epoch is certainly the same in every epoch: literals, and
+        variables (or `args.`/`self.` attributes) that nothing in the epoch loop, nor any function it
+        calls, assigns. A call, a subscript or a helper parameter is undecidable: not fixed."""
+        value = call.arg(0, "epoch")
+        if value is None:
+            return False
+        running = {id(epoch_loop.function)} | {id(c.function) for c in within}
+        return self._fixed(value, call, epoch_loop, running, 0)
+
+    def _fixed(self, expr: cst.BaseExpression, call: Call, epoch_loop: Loop, running: set[int], depth: int) -> bool:
+        if depth > MAX_CALLERS * 2:
+            return False
+        if isinstance(expr, cst.Integer):
+            return True
+        if isinstance(expr, cst.UnaryOperation):
+            return self._fixed(expr.expression, call, epoch_loop, running, depth + 1)
+        if isinstance(expr, cst.BinaryOperation):
+            return self._fixed(expr.left, call, epoch_loop, running, depth + 1) and self._fixed(
+                expr.right, call, epoch_loop, running, depth + 1
+            )
+        if isinstance(expr, cst.Call) and dotted_name(expr.func) == "int" and len(expr.args) == 1:
+            return self._fixed(expr.args[0].value, call, epoch_loop, running, depth + 1)
+        name = dotted_name(expr)
+        if name is None or name in epoch_loop.target_names:
+            return False
+        base, _, attr = name.partition(".")
+        if "." in attr:
+            return False  # `trainer.state.epoch`: an object something else may advance
+        if attr and base == "self":
+            # Any assignment outside __init__ may be the per-epoch update (a callback we cannot see).
+            return all(a.function is not None and a.function.name == "__init__" for a in self.model.assignments_to(name))
+        if attr:
+            if not isinstance(expr, cst.Attribute) or not self._is_options(expr.value, call):
+                return False
+        else:
+            reaching = self.model.reaching_assignments(name, call.order, call.function)
+            if not reaching or any(a.kind == "param" for a in reaching):
+                return False  # a global of another module, or a helper's parameter: undecidable
+        for assignment in self.model.assignments_to(name) + (self.model.assignments_to(base) if attr else []):
+            if self._updated_in_loop(assignment.order, assignment.function, epoch_loop, running):
+                return False
+        return True
+
+    def _is_options(self, base: cst.BaseExpression, call: Call) -> bool:
+        """`args` in `args.epochs`: every value it may hold is the result of `parse_args()`, whose
+        attributes only change where this module assigns them."""
+        leaves = self.model.leaf_values(base, call.order, call.function)
+        return bool(leaves) and all(
+            isinstance(value, cst.Call)
+            and isinstance(value.func, cst.Attribute)
+            and value.func.attr.value in ("parse_args", "parse_known_args")
+            for value, _, _ in leaves
+        )
+
+    @staticmethod
+    def _updated_in_loop(order: int, function: Optional[Function], epoch_loop: Loop, running: set[int]) -> bool:
+        if function is epoch_loop.function:
+            return epoch_loop.order <= order <= epoch_loop.end_order
+        return id(function) in running
 
     def _draws(self, fed: list[Call]) -> list[tuple[cst.CSTNode, list[Loop]]]:
         """Where a training loop draws from one of the `fed` loaders, with the epoch loops that run

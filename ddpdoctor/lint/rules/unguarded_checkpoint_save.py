@@ -2,7 +2,19 @@
 
 from __future__ import annotations
 
-from ddpdoctor.lint.analysis import Call, Runs, launch, summaries, who_runs
+import libcst as cst
+
+from ddpdoctor.lint.analysis import (
+    Call,
+    ModuleModel,
+    Runs,
+    WhoRuns,
+    launch,
+    ranks,
+    summaries,
+    walk,
+    who_runs,
+)
 from ddpdoctor.lint.rules.base import Rule
 
 SAVE = "torch.save"
@@ -43,7 +55,9 @@ class UnguardedCheckpointSave(Rule):
                 continue  # a per-rank file (`ckpt_rank{rank}.pt`) is a deliberate sharded save
             if self.model.origin_names(path, save.order, save.function) & IN_MEMORY:
                 continue  # serialising into a buffer writes no file
-            if who_runs(self.model, save).runs is not Runs.ALL:
+            who = who_runs(self.model, save)
+            if who.runs is not Runs.ALL:
+                self._check_once_per_node(save, path, who)
                 continue
             where = f" ({what} at line {self.line(setup_call.node)})"
             function = save.function
@@ -58,6 +72,35 @@ class UnguardedCheckpointSave(Rule):
                 f"write the same checkpoint file at once, which can leave it truncated or corrupt. "
                 f"Save only on the main process ({check}).",
             )
+
+    def _check_once_per_node(self, save: Call, path: cst.BaseExpression, who: WhoRuns) -> None:
+        """A save "guarded" by the node index runs on every process of node 0; one guarded by the
+        local rank runs once per node, which on a multi-node job is several writers of one path."""
+        if who.guard is None:
+            return
+        check = f"`{self.model.code_of(who.guard.test)}` at line {self.line(who.guard.test)}"
+        if who.runs is Runs.NODE0:
+            self.report(
+                save.node,
+                f"torch.save under a check of the node index ({check}): that holds on every process of "
+                f"node 0, not on one, so all of that node's processes write the same checkpoint file at once, "
+                f"which can leave it truncated or corrupt. Test the global rank instead "
+                f"(`if dist.get_rank() == 0:`).",
+            )
+            return
+        if who.runs is not Runs.RANK0 or not ranks.guard_rank_kinds(self.model, who.guard) <= {"local"}:
+            return
+        evidence = launch.multinode_evidence(self.model)
+        if evidence is None or _names_the_node(self.model, path, save):
+            return
+        self.report(
+            save.node,
+            f"torch.save under a local-rank check ({check}) in a script that runs on several nodes "
+            f"(line {self.line(evidence)}): it runs once per node, so every node writes the same path, and on "
+            f"shared storage the writes collide and can leave the checkpoint truncated or corrupt. Test the "
+            f"global rank (`if dist.get_rank() == 0:`), or put the node in the path if each node has its own disk.",
+        )
+
 
     def check_project_helpers(self, setup_call: Call, what: str, check: str) -> None:
         """A helper of another project module that saves on whichever ranks call it, called here
@@ -88,4 +131,23 @@ class UnguardedCheckpointSave(Rule):
                 f"{self.line(setup_call.node)}): all processes write the same checkpoint file at once, which "
                 f"can leave it truncated or corrupt. Call it only on the main process ({check}).",
             )
+
+
+# Calls whose value names the machine: a path built from one is a per-node copy.
+HOST_NAME_CALLS = frozenset({"socket.gethostname", "platform.node", "os.uname"})
+
+
+def _names_the_node(model: ModuleModel, path: cst.BaseExpression, save: Call) -> bool:
+    """The path holds the node index or the host name (followed through variables): deliberate
+    per-node copies, each node writing its own file."""
+    values = [(path, save.order, save.function)]
+    if isinstance(path, (cst.Name, cst.Attribute)):
+        values += [v for v in model.leaf_values(path, save.order, save.function) if v[0] is not path]
+    for value, order, function in values:
+        for node in walk(value):
+            if isinstance(node, (cst.Name, cst.Attribute)) and ranks.node_index(model, node, order, function):
+                return True
+            if isinstance(node, cst.Call) and (model.qualify(node.func) or "") in HOST_NAME_CALLS:
+                return True
+    return False
 
