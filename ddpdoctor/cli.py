@@ -10,13 +10,16 @@ import json
 import os
 import sys
 from pathlib import Path
-from typing import Any, Callable, Optional, Sequence, TypeVar
+from typing import TYPE_CHECKING, Any, Callable, Optional, Sequence, TypeVar
 
 import click
 
 from ddpdoctor import __version__
 from ddpdoctor.catalog import CatalogError, load_catalog, rule_info
 from ddpdoctor.terminal import use_color
+
+if TYPE_CHECKING:
+    from ddpdoctor.lint.engine import FileResult
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -79,6 +82,7 @@ def main() -> None:
 @click.option("--world-size", type=click.IntRange(min=1), default=None, help="Processes/GPUs the script runs with (for rules that need it).")
 @click.option("--fix", is_flag=True, help="Apply safe fixes in place.")
 @click.option("--diff", is_flag=True, help="Show the fixes as a diff instead of writing them.")
+@click.option("--unsafe-fixes", is_flag=True, help="With --fix/--diff, also apply fixes that may change behaviour beyond the finding.")
 @click.option("--stdin-filename", help="The name to report for '-' (standard input), also used for per-file-ignores.")
 @click.option("--config", "config_file", type=click.Path(exists=True, dir_okay=False), help="Use this ddpdoctor.toml/pyproject.toml.")
 @click.option("-q", "--quiet", is_flag=True, help="Print findings only; nothing when clean.")
@@ -96,6 +100,7 @@ def lint(
     world_size: Optional[int],
     fix: bool,
     diff: bool,
+    unsafe_fixes: bool,
     stdin_filename: Optional[str],
     config_file: Optional[str],
     quiet: bool,
@@ -139,10 +144,12 @@ def lint(
         name = stdin_filename or "<stdin>"
         data = sys.stdin.buffer.read()
         codes = settings.codes_for(name, enabled)
-        run.files = [lint_bytes(data, name, codes, settings.world_size, fix=do_fix)]
+        run.files = [lint_bytes(data, name, codes, settings.world_size, fix=do_fix, unsafe_fixes=unsafe_fixes)]
     else:
         try:
-            run, empty_dirs = lint_paths(paths, settings, jobs=jobs, use_cache=not no_cache, fix=do_fix)
+            run, empty_dirs = lint_paths(
+                paths, settings, jobs=jobs, use_cache=not no_cache, fix=do_fix, unsafe_fixes=unsafe_fixes
+            )
         except PathError as error:
             raise fail(str(error)) from None
     for directory in empty_dirs:
@@ -158,8 +165,7 @@ def lint(
         elif use_stdin:
             sys.stdout.write(result.fixed_source)
         else:
-            data = _encode_like(result.path, result.fixed_source)
-            fixing.atomic_write(result.path, data)
+            _write_fix(result)
 
     findings = run.findings
     if diff:
@@ -203,17 +209,24 @@ def lint(
         raise click.exceptions.Exit(EXIT_FINDINGS)
 
 
-def _encode_like(path: str, text: str) -> bytes:
-    """Encode fixed text the way the original file was encoded (coding cookie, BOM)."""
-    import tokenize
-    from io import BytesIO
+def _write_fix(result: "FileResult") -> None:
+    """Write one fixed file; a file that cannot be written safely is an error for that file alone
+    (its findings stay reported as not fixed), never the end of the run."""
+    from ddpdoctor.lint.engine import decode
+    from ddpdoctor.lint.safe_write import WriteError, encode_like, write_fixed
 
-    with open(path, "rb") as handle:
-        original = handle.read()
-    encoding, _ = tokenize.detect_encoding(BytesIO(original).readline)
-    if encoding == "utf-8-sig":
-        return b"\xef\xbb\xbf" + text.encode("utf-8")
-    return text.encode(encoding)
+    assert result.source is not None and result.fixed_source is not None
+    fixed_source, linted = result.fixed_source, result.source
+    try:
+        write_fixed(
+            result.path,
+            still_current=lambda data: decode(data, result.path) == linted,
+            render=lambda original: encode_like(original, fixed_source),
+        )
+    except WriteError as error:
+        result.error = str(error)
+        result.findings = result.findings_before_fix
+        result.fixed = 0
 
 
 # ------------------------------------------------------------------------------------ rules/explain

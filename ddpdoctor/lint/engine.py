@@ -30,7 +30,6 @@ from ddpdoctor.lint.rules.base import Rule, all_rules
 from ddpdoctor.lint.suppress import apply_suppressions
 
 PARSE_ERROR_CODE = "DDP999"
-MAX_FIX_ROUNDS = 8
 # Below this many files, worker start-up costs more than it saves.
 PARALLEL_THRESHOLD = 16
 
@@ -42,6 +41,7 @@ class FileResult:
     source: Optional[str] = None  # the decoded text (for code frames); None when not read as text
     fixed_source: Optional[str] = None  # set by --fix/--diff when fixes changed the file
     fixed: int = 0
+    findings_before_fix: list[Finding] = field(default_factory=list)  # reported if the write fails
     error: Optional[str] = None  # an I/O problem with this file (reported, exit 2)
     cached: bool = False
     parsed: bool = False
@@ -179,6 +179,7 @@ def lint_bytes(
     world_size: Optional[int] = None,
     fix: bool = False,
     project: Optional[ProjectSources] = None,
+    unsafe_fixes: bool = False,
 ) -> FileResult:
     decoded = decode(data, path)
     if isinstance(decoded, Finding):
@@ -200,32 +201,19 @@ def lint_bytes(
     findings = [f for f in findings if f.code in codes]
     result = FileResult(path, findings, source=text, parsed=parsed, depends=depends)
     if fix:
-        # Fix rounds re-lint with every selected rule: a fix may add text another rule cares about.
-        _fix_rounds(result, selected, codes, world_size)
+        # Fixes are re-linted with every selected rule: a fix may add text another rule cares about.
+        # With the same project as the first lint, so a finding is judged the same way before and after.
+        def relint(new: str) -> list[Finding]:
+            if project is None:
+                return [f for f in lint_text(new, path, selected, world_size)[0] if f.code in codes]
+            with project.scope():
+                return [f for f in lint_text(new, path, selected, world_size, project)[0] if f.code in codes]
+
+        fixed_source, remaining, count = fixing.fix_rounds(text, findings, relint, unsafe_fixes)
+        if count:
+            result.findings_before_fix = result.findings
+            result.fixed_source, result.findings, result.fixed = fixed_source, remaining, count
     return result
-
-
-def _fix_rounds(result: FileResult, rules: Sequence[type[Rule]], codes: frozenset[str], world_size: Optional[int]) -> None:
-    assert result.source is not None
-    current = result.source
-    findings = result.findings
-    total = 0
-    for _ in range(MAX_FIX_ROUNDS):
-        new, applied = fixing.apply_fixes(current, findings)
-        if applied == 0 or new == current:
-            break
-        try:
-            fixing.verify(new)
-        except fixing.FixError as error:
-            result.error = f"{result.path}: {error}"
-            break
-        current, total = new, total + applied
-        findings, _ = lint_text(current, result.path, rules, world_size)
-        findings = [f for f in findings if f.code in codes]
-    if total:
-        result.fixed_source = current
-        result.fixed = total
-        result.findings = findings
 
 
 def lint_source(
@@ -233,12 +221,13 @@ def lint_source(
     path: str = "<stdin>",
     settings: Optional[Settings] = None,
     fix: bool = False,
+    unsafe_fixes: bool = False,
 ) -> FileResult:
     """Lint one in-memory source (the public API, also used for stdin)."""
     settings = settings or Settings()
     data = source.encode("utf-8") if isinstance(source, str) else source
     codes = settings.codes_for(path, settings.enabled_codes())
-    return lint_bytes(data, path, codes, settings.world_size, fix)
+    return lint_bytes(data, path, codes, settings.world_size, fix, unsafe_fixes=unsafe_fixes)
 
 
 # One per worker process and run (set by the pool's initializer, or by lint_paths when serial).
@@ -250,14 +239,14 @@ def _start_run(roots: tuple[Path, ...]) -> None:
     _project = ProjectSources(roots)
 
 
-def _lint_file_task(args: tuple[str, frozenset[str], Optional[int], bool]) -> FileResult:
-    path, codes, world_size, fix = args
+def _lint_file_task(args: tuple[str, frozenset[str], Optional[int], bool, bool]) -> FileResult:
+    path, codes, world_size, fix, unsafe_fixes = args
     try:
         with open(path, "rb") as handle:
             data = handle.read()
     except OSError as error:
         return FileResult(path, [], error=f"{path}: cannot read: {error.strerror}")
-    result = lint_bytes(data, path, codes, world_size, fix, _project)
+    result = lint_bytes(data, path, codes, world_size, fix, _project, unsafe_fixes=unsafe_fixes)
     if not fix:
         result.source = None  # the parent re-reads only files with findings, for code frames
     return result
@@ -270,6 +259,7 @@ def lint_paths(
     use_cache: bool = True,
     fix: bool = False,
     cache_root: Optional[Path] = None,
+    unsafe_fixes: bool = False,
 ) -> tuple[RunResult, list[str]]:
     """Lint files and folders. Returns the results and the folders that held no Python file."""
     discovered = discover(paths, settings)
@@ -281,7 +271,7 @@ def lint_paths(
         cache = ResultCache(root, settings.fingerprint() + "-" + content_hash(",".join(sorted(enabled)).encode())[:8])
 
     run = RunResult()
-    pending: list[tuple[int, tuple[str, frozenset[str], Optional[int], bool]]] = []
+    pending: list[tuple[int, tuple[str, frozenset[str], Optional[int], bool, bool]]] = []
     slots: list[Optional[FileResult]] = []
     digests: dict[int, str] = {}
     for index, path in enumerate(discovered.files):
@@ -299,7 +289,7 @@ def lint_paths(
                 continue
             digests[index] = digest + ":" + ",".join(sorted(codes))
         slots.append(None)
-        pending.append((index, (path, codes, settings.world_size, fix)))
+        pending.append((index, (path, codes, settings.world_size, fix, unsafe_fixes)))
 
     workers = jobs if jobs and jobs > 0 else (os.cpu_count() or 1)
     if workers > 1 and len(pending) >= PARALLEL_THRESHOLD:
