@@ -1,0 +1,66 @@
+"""The analysis facts that fixes are built from: how the module spells a name, where a statement
+can be inserted, how an expression becomes a factor."""
+
+from __future__ import annotations
+
+import libcst as cst
+import pytest
+
+from ddpdoctor.lint.analysis import build_analysis
+from ddpdoctor.lint.analysis.syntax import as_left_factor
+
+
+def model_of(source: str):  # type: ignore[no-untyped-def]
+    return build_analysis(cst.parse_module(source))
+
+
+@pytest.mark.parametrize(
+    "source, qualified, expected",
+    [
+        ("import horovod.torch as hvd\n", "horovod.torch.size", "hvd.size"),
+        ("from horovod import torch as hvd\n", "horovod.torch.local_rank", "hvd.local_rank"),
+        ("import torch\nimport torch.distributed as dist\n", "torch.distributed.get_rank", "dist.get_rank"),
+        ("import torch.cuda\n", "torch.cuda.set_device", "torch.cuda.set_device"),
+        ("from torch.cuda import set_device\nimport torch\n", "torch.cuda.set_device", "set_device"),
+        # an import inside a function is not in scope everywhere
+        ("def main():\n    import horovod.torch as hvd\n", "horovod.torch.size", None),
+        # a name the module rebinds is not the import any more
+        ("import horovod.torch as hvd\nhvd = None\n", "horovod.torch.size", None),
+        ("import torch\n", "horovod.torch.size", None),
+    ],
+)
+def test_spelling(source: str, qualified: str, expected: object) -> None:
+    assert model_of(source).spelling(qualified) == expected
+
+
+def test_own_lines_only_for_statements_that_start_their_line() -> None:
+    source = "if a:\n    hvd.init()  # c\n    y = f(\n      2)\nif b: g()\nh(); k()\nwhile w():\n    pass\n"
+    model = model_of(source)
+    by_name = {c.dotted: model.own_lines(c) for c in model.calls}
+    assert by_name == {
+        "hvd.init": (2, 2, "    "),
+        "f": (3, 4, "    "),
+        "g": None,
+        "h": (6, 6, ""),
+        "k": (6, 6, ""),
+        "w": None,
+    }
+
+
+@pytest.mark.parametrize(
+    "code, expected",
+    [
+        ("args.lr", "args.lr"),
+        ("0.1", "0.1"),
+        ("args.lr / 2", "args.lr / 2"),
+        ("base ** 2", "base ** 2"),
+        ("-lr", "-lr"),
+        ("(a + b)", "(a + b)"),
+        ("a + b", "(a + b)"),
+        ("a if c else b", "(a if c else b)"),
+        ("not a", "(not a)"),
+        ("cfg['lr']", "cfg['lr']"),
+    ],
+)
+def test_as_left_factor(code: str, expected: str) -> None:
+    assert as_left_factor(cst.parse_expression(code), code) == expected
