@@ -7,7 +7,9 @@ from typing import Optional
 
 import libcst as cst
 
+from ddpdoctor.findings import Fix
 from ddpdoctor.lint.analysis import MAX_DEPTH, Call, Function, ModuleModel, dotted_name
+from ddpdoctor.lint.analysis.syntax import as_left_factor
 from ddpdoctor.lint.rules.base import Rule
 
 HVD_MODULES = ("horovod.torch",)
@@ -93,7 +95,18 @@ class HorovodLrNotScaled(Rule):
                     f"{written}, not scaled by hvd.size(): gradients are averaged over hvd.size() times "
                     f"more samples, so training runs with a learning rate too small for the global batch. "
                     f"Use lr=<base lr> * hvd.size() (or scale it in a warmup schedule).",
+                    fix=self._fix(lr) if lr is not None else None,
                 )
+
+    def _fix(self, lr: cst.BaseExpression) -> Optional[Fix]:
+        """`lr=X` -> `lr=X * hvd.size()`, Horovod's documented linear scaling, written with the
+        module's own top-level Horovod import (no fix without one). Scripts that use Adasum are not
+        reported at all, so the Adasum form (`hvd.local_size()` on GPUs) is never needed here."""
+        size = self.model.spelling("horovod.torch.size")
+        if size is None:
+            return None
+        scaled = f"{as_left_factor(lr, self.model.code_of(lr))} * {size}()"
+        return Fix(f"scale the learning rate: `{scaled}`", applicable=True, edits=(self.replace(lr, scaled),))
 
     def _constructors(self, inner: cst.BaseExpression, wrapper: Call) -> list[Call]:
         """The optimizer constructor calls that `inner` comes from."""
