@@ -32,7 +32,70 @@ if True: hvd.init()
 model = torch.nn.Linear(2, 2).cuda()
 """,
     ),
+    "AMP002 the scaler steps two optimizers after the clip": (
+        "AMP002",
+        """
+import torch
+
+def train(gen, disc, g_opt, d_opt, loader):
+    scaler = torch.amp.GradScaler("cuda")
+    for x in loader:
+        with torch.autocast("cuda"):
+            loss = gen(x).mean() + disc(x).mean()
+        scaler.scale(loss).backward()
+        torch.nn.utils.clip_grad_norm_(list(gen.parameters()) + list(disc.parameters()), 1.0)
+        scaler.step(g_opt)
+        scaler.step(d_opt)
+        scaler.update()
+""",
+    ),
+    "AMP002 no scaler.step after the clip (the optimizer is unknown)": (
+        "AMP002",
+        """
+import torch
+
+def train(model, loader, step_fn):
+    scaler = torch.amp.GradScaler("cuda")
+    for x in loader:
+        with torch.autocast("cuda"):
+            loss = model(x).mean()
+        scaler.scale(loss).backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        step_fn(scaler)
+""",
+    ),
 }
+
+SUGGESTED = {
+    "AMP002 clip inside the accumulation loop, step outside it (would unscale twice per step)": (
+        "AMP002",
+        """
+import torch
+
+def train(model, optimizer, batches):
+    scaler = torch.amp.GradScaler("cuda")
+    for chunk in batches:
+        for x in chunk:
+            with torch.autocast("cuda"):
+                loss = model(x).mean()
+            scaler.scale(loss).backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        scaler.step(optimizer)
+        scaler.update()
+""",
+    ),
+}
+
+
+@pytest.mark.parametrize("name", sorted(SUGGESTED))
+def test_fix_suggested_not_applied(name: str) -> None:
+    code, source = SUGGESTED[name]
+    result = lint_source(source.lstrip(), "train.py", Settings(select=(code,)))
+    assert [f.code for f in result.findings] == [code]
+    fix = result.findings[0].fix
+    assert fix is not None and not fix.applicable and fix.edits
+    fixed = lint_source(source.lstrip(), "train.py", Settings(select=(code,)), fix=True)
+    assert fixed.fixed == 0 and fixed.fixed_source is None
 
 
 @pytest.mark.parametrize("name", sorted(CASES))
