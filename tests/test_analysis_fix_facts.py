@@ -64,3 +64,53 @@ def test_own_lines_only_for_statements_that_start_their_line() -> None:
 )
 def test_as_left_factor(code: str, expected: str) -> None:
     assert as_left_factor(cst.parse_expression(code), code) == expected
+
+
+LOCAL_RANK_CASES = {
+    "torchrun variable": (
+        "import os\nimport torch.distributed as dist\ndef main():\n    local_rank = int(os.environ['LOCAL_RANK'])\n"
+        "    dist.init_process_group('nccl')\n    X()\n",
+        "local_rank",
+    ),
+    "negative fallback": ("import os\ndef main():\n    local_rank = int(os.environ.get('LOCAL_RANK', -1))\n    X()\n", None),
+    "global rank only": ("import os\ndef main():\n    rank = int(os.environ['RANK'])\n    X()\n", None),
+    "spawn index stored on args": (
+        "import torch.multiprocessing as mp\ndef worker(gpu, args):\n    args.gpu = gpu\n    X()\n"
+        "mp.spawn(worker, nprocs=2, args=(1,))\n",
+        "args.gpu",
+    ),
+    "spawn index parameter": (
+        "import torch.multiprocessing as mp\ndef worker(gpu, args):\n    X()\nmp.spawn(worker, nprocs=2, args=(1,))\n",
+        "gpu",
+    ),
+    "after hvd.init()": ("import horovod.torch as hvd\ndef main():\n    hvd.init()\n    X()\n", "hvd.local_rank()"),
+    "before hvd.init()": ("import horovod.torch as hvd\ndef main():\n    X()\n    hvd.init()\n", None),
+    "bound only in a branch": (
+        "import os\ndef main(d):\n    if d:\n        local_rank = int(os.environ['LOCAL_RANK'])\n    X()\n",
+        None,
+    ),
+    "argparse --local_rank alone (torchrun passes none)": (
+        "import argparse\np = argparse.ArgumentParser()\np.add_argument('--local_rank', type=int, default=0)\n"
+        "args = p.parse_args()\nX()\n",
+        None,
+    ),
+    "rank modulo the GPU count": (
+        "import torch.distributed as dist, torch\ndef main():\n    rank = dist.get_rank()\n"
+        "    device_id = rank % torch.cuda.device_count()\n    X()\n",
+        "device_id",
+    ),
+    "bound in another function": (
+        "import os\ndef setup():\n    local_rank = int(os.environ['LOCAL_RANK'])\ndef main():\n    X()\n",
+        None,
+    ),
+}
+
+
+@pytest.mark.parametrize("name", sorted(LOCAL_RANK_CASES))
+def test_local_rank_expression(name: str) -> None:
+    from ddpdoctor.lint.analysis import ranks
+
+    source, expected = LOCAL_RANK_CASES[name]
+    model = model_of(source)
+    point = next(c for c in model.calls if c.dotted == "X")
+    assert ranks.local_rank_expression(model, point.order, point.ctx) == expected

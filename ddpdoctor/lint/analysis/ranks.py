@@ -25,6 +25,7 @@ from ddpdoctor.lint.analysis.syntax import (
     last_segment,
     literal_int,
     literal_ints,
+    walk,
 )
 
 GLOBAL_RANK_CALLS = frozenset(
@@ -728,3 +729,48 @@ def _above_one_but_set_to_one(model: ModuleModel, test: cst.BaseExpression, orde
             for a in model.assignments
         )
     return False
+
+
+HOROVOD_INIT = "horovod.torch.init"
+
+
+def local_rank_expression(model: ModuleModel, order: int, ctx: Context) -> Optional[str]:
+    """Source text that holds this process's local rank at `order` (in `ctx`'s function, under its
+    conditions), for a fix to use there; None when nothing is certain. In order of preference:
+
+    - a variable or attribute (`local_rank`, `args.gpu`) bound before it in the same function, on
+      every path that reaches it, to a value whose source is a local rank (LOCAL_RANK,
+      `hvd.local_rank()`, `rank % device_count()`) or the mp.spawn index; the nearest wins;
+    - the mp.spawn index parameter of the worker function itself;
+    - `hvd.local_rank()` after `hvd.init()` in the same function, under no other condition.
+
+    Never `args.local_rank` from argparse alone: under torchrun (no `--local-rank` argument) it
+    keeps its default in every process. Never a value that falls back to a negative default
+    (`os.environ.get("LOCAL_RANK", -1)`): a device index of -1 breaks the single-process run."""
+    function = ctx.function
+    found: list[tuple[int, str]] = []
+    for assignment in model.assignments:
+        if assignment.function is not function or assignment.order > order or assignment.value is None:
+            continue
+        if assignment.kind not in ("assign", "annassign"):
+            continue
+        if model.reaching_assignments(assignment.target, order, function) != [assignment]:
+            continue
+        if assignment.ctx.guards != ctx.guards[: len(assignment.ctx.guards)]:
+            continue  # bound under a condition this point does not share
+        if any(isinstance(n, cst.UnaryOperation) and isinstance(n.operator, cst.Minus) for n in walk(assignment.value)):
+            continue
+        if rank_source(model, assignment.value, assignment.order, function) in ("local", "spawn"):
+            found.append((assignment.order, assignment.target))
+    if found:
+        return max(found)[1]
+    if function is not None and function.params and _spawn_index(model, function.params[0], function):
+        name = function.params[0]
+        if all(a.kind == "param" for a in model.reaching_assignments(name, order, function)):
+            return name
+    local_rank = model.spelling("horovod.torch.local_rank")
+    if local_rank is not None:
+        for init in model.calls_named(HOROVOD_INIT):
+            if init.function is function and init.order < order and init.ctx.guards == ctx.guards[: len(init.ctx.guards)]:
+                return f"{local_rank}()"
+    return None
