@@ -64,6 +64,31 @@ def train(model, loader, step_fn):
         step_fn(scaler)
 """,
     ),
+    "DDP011 the local rank is computed only after the group exists": (
+        "DDP011",
+        """
+import torch
+import torch.distributed as dist
+
+dist.init_process_group("nccl")
+device_id = dist.get_rank() % torch.cuda.device_count()
+model = torch.nn.Linear(4, 4).cuda(device_id)
+""",
+    ),
+    "DDP011 argparse --local_rank only (torchrun passes no such argument)": (
+        "DDP011",
+        """
+import argparse
+import torch
+import torch.distributed as dist
+
+parser = argparse.ArgumentParser()
+parser.add_argument("--local_rank", type=int, default=0)
+args = parser.parse_args()
+dist.init_process_group("nccl")
+model = torch.nn.Linear(4, 4).cuda(args.local_rank)
+""",
+    ),
 }
 
 SUGGESTED = {
