@@ -89,6 +89,31 @@ dist.init_process_group("nccl")
 model = torch.nn.Linear(4, 4).cuda(args.local_rank)
 """,
     ),
+    "DDP003 no local rank anywhere (only the global rank)": (
+        "DDP003",
+        """
+import torch
+import torch.distributed as dist
+
+def main():
+    dist.init_process_group(backend="nccl", init_method="env://")
+    rank = dist.get_rank()
+    torch.cuda.set_device(0)
+""",
+    ),
+    "DDP003 the local rank is read only after the literal": (
+        "DDP003",
+        """
+import os
+import torch
+import torch.distributed as dist
+
+def main():
+    dist.init_process_group(backend="nccl")
+    torch.cuda.set_device(0)
+    local_rank = int(os.environ["LOCAL_RANK"])
+""",
+    ),
 }
 
 SUGGESTED = {
