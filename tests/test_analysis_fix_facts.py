@@ -114,3 +114,61 @@ def test_local_rank_expression(name: str) -> None:
     model = model_of(source)
     point = next(c for c in model.calls if c.dotted == "X")
     assert ranks.local_rank_expression(model, point.order, point.ctx) == expected
+
+
+MAIN_TEST_CASES = {
+    "dist.get_rank() written in the same function": (
+        "import torch, torch.distributed as dist\ndef main():\n    dist.init_process_group('nccl')\n"
+        "    if dist.get_rank() == 0:\n        print('hi')\n    X()\n",
+        "dist.get_rank() == 0",
+    ),
+    "a module-level helper": (
+        "import torch.distributed as dist\ndef is_main_process():\n    return dist.get_rank() == 0\ndef main():\n"
+        "    dist.init_process_group('nccl')\n    if is_main_process():\n        print('x')\n    X()\n",
+        "is_main_process()",
+    ),
+    "horovod": ("import horovod.torch as hvd\nhvd.init()\nif hvd.rank() == 0:\n    print(1)\nX()\n", "hvd.rank() == 0"),
+    "a variable bound by the same assignment at both places": (
+        "import torch.distributed as dist\ndef main():\n    dist.init_process_group('nccl')\n    rank = dist.get_rank()\n"
+        "    if rank == 0:\n        print(1)\n    X()\n",
+        "rank == 0",
+    ),
+    "a variable of another function": (
+        "import torch.distributed as dist\ndef f():\n    rank = dist.get_rank()\n    if rank == 0:\n        print(1)\n"
+        "def main():\n    dist.init_process_group('nccl')\n    X()\n",
+        None,
+    ),
+    "a local-rank test (once per node)": (
+        "import os, torch.distributed as dist\ndef main():\n    dist.init_process_group('nccl')\n"
+        "    local_rank = int(os.environ['LOCAL_RANK'])\n    if local_rank == 0:\n        print(1)\n    X()\n",
+        None,
+    ),
+    "no test at all": ("import torch.distributed as dist\ndist.init_process_group('nccl')\nX()\n", None),
+    "a rank test mixed with an epoch test": (
+        "import torch.distributed as dist\ndef main(epoch):\n    dist.init_process_group('nccl')\n"
+        "    if dist.get_rank() == 0 and epoch % 5 == 0:\n        print(1)\n    X()\n",
+        None,
+    ),
+    "the single-process-or-rank-0 idiom": (
+        "import torch.distributed as dist\ndef main(args):\n    dist.init_process_group('nccl')\n"
+        "    if not args.distributed or args.rank == 0:\n        print(1)\n    X()\n",
+        "not args.distributed or args.rank == 0",
+    ),
+}
+
+
+@pytest.mark.parametrize("name", sorted(MAIN_TEST_CASES))
+def test_main_process_test(name: str) -> None:
+    from ddpdoctor.lint.analysis import ranks
+
+    source, expected = MAIN_TEST_CASES[name]
+    model = model_of(source)
+    point = next(c for c in model.calls if c.dotted == "X")
+    assert ranks.main_process_test(model, point) == expected
+
+
+def test_indentable_lines_refuses_multiline_strings() -> None:
+    model = model_of('def f():\n    save(x,\n         "a")  # c\n    save(y, """\nz""")\n')
+    first, second = [c for c in model.calls if c.dotted == "save"]
+    assert model.indentable_lines(first) == ["    save(x,", '         "a")  # c']
+    assert model.indentable_lines(second) is None

@@ -45,6 +45,7 @@ from ddpdoctor.lint.analysis.syntax import (
     contains,
     dotted_name,
     exits,
+    walk,
 )
 
 # Methods that return (a view of) their receiver for the purposes of "where did this come from".
@@ -1322,6 +1323,21 @@ class ModuleModel:
         if indent.strip():
             return None
         return position.start.line, position.end.line, indent
+
+    def indentable_lines(self, call: Call) -> Optional[list[str]]:
+        """The source lines (without line ends) of the simple statement that holds `call`, when it
+        starts its own line and indenting every line keeps its meaning: no string literal spans
+        lines inside it (indenting would change a triple-quoted string's text)."""
+        lines = self.own_lines(call)
+        if lines is None:
+            return None
+        first, last, _ = lines
+        for node in walk(call.statement):
+            if isinstance(node, (cst.SimpleString, cst.FormattedString)):
+                position = self.position(node)
+                if position.start.line != position.end.line:
+                    return None
+        return re.split(r"\r\n|\r|\n", self.module.code)[first - 1 : last]
 
     def code_of(self, node: cst.CSTNode) -> str:
         return self.module.code_for_node(node)

@@ -25,6 +25,7 @@ from ddpdoctor.lint.analysis.syntax import (
     last_segment,
     literal_int,
     literal_ints,
+    names_in,
     walk,
 )
 
@@ -774,3 +775,34 @@ def local_rank_expression(model: ModuleModel, order: int, ctx: Context) -> Optio
             if init.function is function and init.order < order and init.ctx.guards == ctx.guards[: len(init.ctx.guards)]:
                 return f"{local_rank}()"
     return None
+
+
+def main_process_test(model: ModuleModel, at: Call) -> Optional[str]:
+    """The script's own test for "this is the main process" (global rank 0), as written at one of
+    its rank-0 branches, when the same text means the same thing at `at`: every name it reads is a
+    top-level import, a module-level function, or a variable bound by the same assignments at both
+    places (`rank == 0` from the same `rank = dist.get_rank()`). A branch in `at`'s own function is
+    preferred; among the rest, the first. None when the script has no such test."""
+    found: list[tuple[bool, int, str]] = []
+    for call in model.calls:
+        answer = who_runs(model, call)
+        guard = answer.guard
+        if answer.runs is not Runs.RANK0 or guard is None or guard.negated or answer.via is not None:
+            continue
+        if guard_rank_kinds(model, guard) != frozenset({"global"}):
+            continue
+        if all(_same_meaning(model, name, guard, at) for name in names_in(guard.test)):
+            found.append((guard.function is not at.function, guard.order, model.code_of(guard.test)))
+    return min(found)[2] if found else None
+
+
+def _same_meaning(model: ModuleModel, name: str, guard: Guard, at: Call) -> bool:
+    head = name.split(".")[0]
+    if model.spelling(model.qualify(cst.Name(head)) or "") == head:
+        return True
+    if not model.assignments_to(head) and any(f.name == head and f.parent is None and f.klass is None for f in model.functions):
+        return True
+    if head in ("self", "cls") or guard.function is not at.function:
+        return False
+    here = model.reaching_assignments(head, at.order, at.function)
+    return bool(here) and here == model.reaching_assignments(head, guard.order, guard.function)
