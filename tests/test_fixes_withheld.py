@@ -134,6 +134,40 @@ def train(model, optimizer, batches):
         scaler.update()
 """,
     ),
+    "DDP008 every rank copies the file after the save": (
+        "DDP008",
+        """
+import shutil
+import torch
+import torch.distributed as dist
+
+def main():
+    dist.init_process_group("nccl")
+    if dist.get_rank() == 0:
+        print("go")
+    torch.save({"w": 1}, "ckpt.pt")
+    shutil.copyfile("ckpt.pt", "best.pt")
+
+main()
+""",
+    ),
+    "DDP008 FSDP (state_dict is collective)": (
+        "DDP008",
+        """
+import torch
+import torch.distributed as dist
+from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+
+def main():
+    dist.init_process_group("nccl")
+    model = FSDP(torch.nn.Linear(2, 2).cuda())
+    if dist.get_rank() == 0:
+        print("go")
+    torch.save(model.state_dict(), "ckpt.pt")
+
+main()
+""",
+    ),
 }
 
 
