@@ -114,6 +114,32 @@ def main():
     local_rank = int(os.environ["LOCAL_RANK"])
 """,
     ),
+    "DDP002 wrapped in one method, converted in another": (
+        "DDP002",
+        """
+import torch.nn as nn
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+class Trainer:
+    def wrap(self):
+        self.model = DDP(self.model, device_ids=[0])
+
+    def enable_sync_bn(self):
+        self.model = nn.SyncBatchNorm.convert_sync_batchnorm(self.model)
+""",
+    ),
+    "DDP002 converted into another name": (
+        "DDP002",
+        """
+import torch.nn as nn
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+def main(net):
+    model = DDP(net, device_ids=[0])
+    synced = nn.SyncBatchNorm.convert_sync_batchnorm(model)
+    return model, synced
+""",
+    ),
 }
 
 SUGGESTED = {
