@@ -101,12 +101,19 @@ class HorovodLrNotScaled(Rule):
     def _fix(self, lr: cst.BaseExpression) -> Optional[Fix]:
         """`lr=X` -> `lr=X * hvd.size()`, Horovod's documented linear scaling, written with the
         module's own top-level Horovod import (no fix without one). Scripts that use Adasum are not
-        reported at all, so the Adasum form (`hvd.local_size()` on GPUs) is never needed here."""
+        reported at all, so the Adasum form (`hvd.local_size()` on GPUs) is never needed here. Only a
+        suggestion where the script also sets `param_group["lr"]` itself."""
         size = self.model.spelling("horovod.torch.size")
         if size is None:
             return None
         scaled = f"{as_left_factor(lr, self.model.code_of(lr))} * {size}()"
-        return Fix(f"scale the learning rate: `{scaled}`", applicable=True, edits=(self.replace(lr, scaled),))
+        # A hand-written schedule that stores `param_group["lr"] = ...` (unscaled, or the rule would
+        # not fire) overwrites the constructor's rate: scaling only the constructor would not do.
+        resets = any(
+            isinstance(store.key, cst.SimpleString) and store.key.evaluated_value == "lr"
+            for store in self.model.subscript_stores
+        )
+        return Fix(f"scale the learning rate: `{scaled}`", applicable=not resets, edits=(self.replace(lr, scaled),))
 
     def _constructors(self, inner: cst.BaseExpression, wrapper: Call) -> list[Call]:
         """The optimizer constructor calls that `inner` comes from."""
