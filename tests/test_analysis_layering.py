@@ -71,3 +71,9 @@ def test_the_layering_check_catches_an_upward_import(tmp_path: pathlib.Path) -> 
     bad.write_text("from ddpdoctor.lint.analysis.ranks import who_runs\n", encoding="utf-8")
     with pytest.raises(AssertionError, match="not below it"):
         test_no_upward_import(bad)
+
+
+@pytest.mark.parametrize("path", sorted(RULES.glob("*.py")), ids=lambda p: p.stem)
+def test_rules_ask_containment_through_syntax_contains(path: pathlib.Path) -> None:
+    # `order < x < end_order` is answered in one place (syntax.contains), not re-derived per rule.
+    assert "end_order" not in path.read_text(encoding="utf-8"), f"{path.name} compares end_order itself"

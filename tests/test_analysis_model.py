@@ -101,3 +101,39 @@ def test_linked_function_in_another_project_module(tmp_path: pathlib.Path) -> No
     assert function.name == "save" and other.path.endswith("ckpt.py")
     assert linked[1:] == [None, None]  # an unparsable module and an unknown name break nothing
     assert model_of(source, str(main)).linked_function(model.calls[0]) is None  # no project: no link
+
+
+def test_function_summaries() -> None:
+    from ddpdoctor.lint.analysis import summaries
+
+    model = model_of(
+        """
+        import io
+        import torch
+        from tqdm import tqdm
+        def run_epoch(model, loader, sampler, epoch):
+            sampler.set_epoch(epoch)
+            for x in tqdm(loader):
+                model(x).sum().backward()
+        def evaluate(model, loader):
+            for x in loader:
+                model(x)
+        def save(state, path):
+            torch.save(state, path)
+        def save_guarded(state, path):
+            if torch.distributed.get_rank() == 0:
+                torch.save(state, path)
+        def serialise(state):
+            torch.save(state, io.BytesIO())
+        def shard(state, rank):
+            torch.save(state, f"ckpt_{rank}.pt")
+        """
+    )
+    fn = {f.name: f for f in model.functions}
+    assert set(summaries.drawn_params(model, fn["run_epoch"])) == {"loader"}
+    assert summaries.drawn_params(model, fn["evaluate"]) == {}  # no backward: not training
+    assert summaries.epoch_set_params(model, fn["run_epoch"]) == {"sampler"}
+    found = summaries.unguarded_save(model, fn["save"])
+    assert found is not None and found[1] == "path"
+    for name in ("save_guarded", "serialise", "shard", "evaluate"):
+        assert summaries.unguarded_save(model, fn[name]) is None, name

@@ -166,3 +166,59 @@ dist.init_process_group("gloo" if args.cpu else "nccl")
 def test_ddp011_conditional_backend_followed_on_both_arms() -> None:
     # One arm is NCCL: that run needs its device pinned.
     assert lines(BACKEND_IFEXP, "DDP011") == [4]
+
+
+def test_ddp008_project_helper_serialising_into_a_buffer_is_no_save(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    # deit's `_load_checkpoint_for_ema`: torch.save into io.BytesIO() to reload it; no file is written.
+    from ddpdoctor.config import Settings as S
+    from ddpdoctor.lint.engine import lint_paths
+
+    (tmp_path / "utils.py").write_text(
+        "import io\nimport torch\ndef reload(obj):\n    buffer = io.BytesIO()\n    torch.save(obj, buffer)\n"
+        "def write(obj):\n    torch.save(obj, 'ckpt.pt')\n"
+    )
+    (tmp_path / "main.py").write_text(
+        "import torch.distributed as dist\nimport utils\ndist.init_process_group('nccl')\n"
+        "utils.reload(state)\nutils.write(state)\n"
+    )
+    result, _ = lint_paths([str(tmp_path / "main.py")], S(select=("DDP008",)), jobs=1, use_cache=False)
+    assert [(f.line, f.code) for f in result.findings] == [(5, "DDP008")]
+
+
+def test_ddp011_project_helper_that_sets_cuda_visible_devices_pins(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    # guided-diffusion's setup_dist(): one visible GPU per process, then init_process_group("nccl").
+    from ddpdoctor.config import Settings as S
+    from ddpdoctor.lint.engine import lint_paths
+
+    helper = (
+        "import os\nimport torch.distributed as dist\ndef setup_dist(rank):\n"
+        "    os.environ['CUDA_VISIBLE_DEVICES'] = str(rank % 8)\n    dist.init_process_group('nccl')\n"
+    )
+    (tmp_path / "dist_util.py").write_text(helper)
+    (tmp_path / "train.py").write_text(
+        "import torch\nfrom torch.nn.parallel import DistributedDataParallel\nimport dist_util\n"
+        "dist_util.setup_dist(rank)\nmodel = DistributedDataParallel(torch.nn.Linear(2, 2).cuda())\n"
+    )
+    settings = S(select=("DDP011",))
+    result, _ = lint_paths([str(tmp_path / "train.py")], settings, jobs=1, use_cache=False)
+    assert result.findings == []
+    (tmp_path / "dist_util.py").write_text(helper.replace("    os.environ['CUDA_VISIBLE_DEVICES'] = str(rank % 8)\n", ""))
+    result, _ = lint_paths([str(tmp_path / "train.py")], settings, jobs=1, use_cache=False)
+    assert [(f.line, f.code) for f in result.findings] == [(4, "DDP011")]
+
+
+def test_ddp009_project_helper_reaching_a_collective_under_a_rank_guard(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    from ddpdoctor.config import Settings as S
+    from ddpdoctor.lint.engine import lint_paths
+
+    (tmp_path / "metrics.py").write_text(
+        "import torch.distributed as dist\ndef average(t):\n    dist.all_reduce(t)\n    return t / dist.get_world_size()\n"
+        "def log(t):\n    print(t)\n"
+    )
+    (tmp_path / "train.py").write_text(
+        "import torch.distributed as dist\nimport metrics\ndist.init_process_group('nccl')\n"
+        "if dist.get_rank() == 0:\n    metrics.average(loss)\n    metrics.log(loss)\nmetrics.average(acc)\n"
+    )
+    result, _ = lint_paths([str(tmp_path / "train.py")], S(select=("DDP009",)), jobs=1, use_cache=False)
+    assert [(f.line, f.code) for f in result.findings] == [(5, "DDP009")]
+    assert "metrics.py line 3" in result.findings[0].message

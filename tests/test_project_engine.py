@@ -18,15 +18,23 @@ from ddpdoctor.lint import engine
 from ddpdoctor.lint.analysis.imports import ProjectSources
 from ddpdoctor.lint.engine import lint_paths
 
-SCRIPT = """import torch
+SCRIPT = """import os
+
+import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 {imports}
 
+
 def main():
     dist.init_process_group("nccl")
+    torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
     model = DDP(torch.nn.Linear(2, 2).cuda())
     save_checkpoint(model.state_dict(), "last.pt")
+
+
+if __name__ == "__main__":
+    main()
 """
 HELPER = """import torch
 import torch.distributed as dist
@@ -159,3 +167,73 @@ def test_the_real_analysis_reads_nothing_beyond_the_imports(tmp_path: Path, monk
     write(tmp_path, files)
     lint([tmp_path / "proj/train.py"], tmp_path, use_cache=False)
     assert seen and seen[0].files_read() <= {tmp_path / "proj/train.py", tmp_path / "proj/__init__.py", tmp_path / "proj/m1.py"}
+
+
+def test_findings_are_kept_for_the_named_file_only(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An analysis that follows imports may see a problem in an imported module; the run over
+    main.py reports main.py's findings only (the imported module gets its own when it is named)."""
+    from ddpdoctor.findings import Finding, Severity
+
+    class SeesBothFiles:
+        code = "DDP008"
+        trigger_words = ("torch",)
+        context_words = ()
+
+        def __init__(self, model: Any) -> None:
+            self.path = model.path
+
+        def run(self) -> list[Finding]:
+            def at(path: str) -> Finding:
+                return Finding(code="DDP008", name="x", severity=Severity.WARNING, message="m", path=path,
+                               line=1, column=1, end_line=1, end_column=2)
+
+            return [at(self.path), at(str(tmp_path / "helpers.py"))]
+
+    write(tmp_path, {"main.py": SCRIPT.format(imports="from helpers import save_checkpoint"), "helpers.py": HELPER.format(body="pass")})
+    monkeypatch.setattr(engine, "_selected_rules", lambda codes: [SeesBothFiles])
+    run = lint([tmp_path / "main.py"], tmp_path, use_cache=False)
+    assert [(Path(f.path).name, f.code) for f in run.findings] == [("main.py", "DDP008")]
+
+
+def test_worker_processes_record_dependencies_too(tmp_path: Path, projects: list[ProjectSources]) -> None:
+    count = engine.PARALLEL_THRESHOLD + 2
+    files = {f"job{i}.py": SCRIPT.format(imports="from helpers import save_checkpoint") for i in range(count)}
+    files["helpers.py"] = HELPER.format(body="pass")
+    write(tmp_path, files)
+    scripts = [tmp_path / f"job{i}.py" for i in range(count)]
+
+    def run() -> engine.RunResult:
+        result, _ = lint_paths([str(p) for p in scripts], Settings(select=("ALL",)), jobs=2, cache_root=tmp_path)
+        return result
+
+    first = run()
+    assert all(str(tmp_path / "helpers.py") in r.depends for r in first.files)
+    assert all(r.cached for r in run().files)
+    (tmp_path / "helpers.py").write_text(HELPER.format(body="return None"))
+    assert not any(r.cached for r in run().files)
+
+
+def test_real_analysis_cached_finding_follows_an_edit_of_the_imported_helper(tmp_path: Path) -> None:
+    """End to end, no stand-in: the unguarded call is reported in main.py; guarding the save inside
+    utils/checkpoint.py clears it on the next (cached) run, and unguarding brings it back."""
+    unguarded = HELPER.format(body="torch.save(state, path)")
+    guarded = HELPER.format(body="if dist.get_rank() == 0:\n        torch.save(state, path)")
+    write(
+        tmp_path,
+        {
+            "main.py": SCRIPT.format(imports="from utils.checkpoint import save_checkpoint"),
+            "utils/__init__.py": "",
+            "utils/checkpoint.py": unguarded,
+        },
+    )
+    main = tmp_path / "main.py"
+
+    def findings() -> list[tuple[str, int, str]]:
+        run = lint([main], tmp_path)
+        return [(Path(f.path).name, f.line, f.code) for f in run.findings if f.code == "DDP008"]
+
+    assert findings() == [("main.py", 13, "DDP008")]
+    (tmp_path / "utils/checkpoint.py").write_text(guarded)
+    assert findings() == []
+    (tmp_path / "utils/checkpoint.py").write_text(unguarded)
+    assert findings() == [("main.py", 13, "DDP008")]

@@ -219,7 +219,7 @@ def test_memo_cycle_raises_its_own_error(tmp_path: Path) -> None:
     def again() -> int:
         return project.memo("k", again)
 
-    with pytest.raises(MemoCycle):
+    with pytest.raises(MemoCycle, match="'k' is being computed"):
         project.memo("k", again)
     # A failed computation is not memoised, and the key can be computed afterwards.
     assert project.memo("k", lambda: 3) == 3
@@ -267,3 +267,90 @@ def test_linting_one_file_of_a_thousand_reads_only_its_imports(tmp_path: Path) -
     expected = {tmp_path / f"proj/{name}.py" for name in ("train", "__init__", "m1", "m2", "m101", "m102")}
     assert seen == expected
     assert project.files_read() == expected
+
+
+def test_parsed_modules_are_bounded_and_reparsed_after_eviction(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(imports, "MAX_MODULES", 2)
+    for name in "abc":
+        (tmp_path / f"{name}.py").write_text(f"{name} = 1\n")
+    project = ProjectSources([tmp_path])
+    first = project.parse(tmp_path / "a.py")
+    assert project.parse(tmp_path / "a.py") is first  # kept while within the bound
+    project.parse(tmp_path / "b.py")
+    project.parse(tmp_path / "a.py")  # a is now the most recently used: c evicts b
+    project.parse(tmp_path / "c.py")
+    assert project.parse(tmp_path / "a.py") is first
+    again = project.parse(tmp_path / "b.py")
+    assert again is not None and again.code == "b = 1\n"
+    assert project.files_read() == {tmp_path / f"{n}.py" for n in "abc"}
+
+
+def test_unparsable_module_is_not_read_twice(tmp_path: Path) -> None:
+    broken = tmp_path / "broken.py"
+    broken.write_text("def f(:\n")
+    project = ProjectSources([tmp_path])
+    assert project.parse(broken) is None
+    broken.write_text("x = 1\n")  # the run keeps what it saw first
+    assert project.parse(broken) is None
+
+
+def test_imports_in_every_kind_of_block_are_found(tmp_path: Path) -> None:
+    names = [f"m{i}" for i in range(12)]
+    write(tmp_path, {f"{n}.py": "" for n in names})
+    write(
+        tmp_path,
+        {
+            "main.py": (
+                "try:\n    import m0\nexcept ImportError:\n    import m1\nelse:\n    import m2\nfinally:\n    import m3\n"
+                "if a:\n    pass\nelif b:\n    import m4\nelse:\n    import m5\n"
+                "for x in y:\n    pass\nelse:\n    import m6\n"
+                "while z:\n    import m7\n"
+                "with ctx():\n    import m8\n"
+                "class C:\n    def f(self):\n        import m9\n"
+                "if q: import m10\n"
+                "async def g():\n    async with c:\n        import m11\n"
+            )
+        },
+    )
+    project = ProjectSources([tmp_path])
+    assert project.imported_modules(tmp_path / "main.py") == [tmp_path / f"{n}.py" for n in names]
+
+
+@pytest.mark.parametrize("marker", ["setup.py", "setup.cfg", ".git"])
+def test_project_top_from_setup_files_or_the_repository(tmp_path: Path, marker: str) -> None:
+    """guided-diffusion style: scripts/train.py imports the package beside scripts/, installed with
+    `pip install -e .` from a setup.py (or a checkout's top, marked by .git)."""
+    write(tmp_path, {"lib/__init__.py": "", "lib/dist.py": "", "scripts/train.py": "from lib import dist\n"})
+    (tmp_path / marker).mkdir() if marker == ".git" else (tmp_path / marker).write_text("")
+    script = tmp_path / "scripts/train.py"
+    project = ProjectSources.for_paths([script])
+    assert project.resolve(script, "lib.dist", 0) == tmp_path / "lib/dist.py"
+
+
+def test_no_project_marker_means_no_extra_root(tmp_path: Path) -> None:
+    write(tmp_path / "a", {"lib/__init__.py": "", "lib/dist.py": "", "scripts/train.py": ""})
+    script = tmp_path / "a/scripts/train.py"
+    assert ProjectSources.for_paths([script]).resolve(script, "lib.dist", 0) is None
+
+
+def test_plain_import_is_absolute_not_relative_to_the_package(tmp_path: Path) -> None:
+    write(tmp_path, {"helpers.py": "", "pkg/__init__.py": "", "pkg/helpers.py": "", "pkg/main.py": "import helpers\n"})
+    project = ProjectSources([tmp_path])
+    assert project.imported_modules(tmp_path / "pkg/main.py") == [tmp_path / "helpers.py"]
+
+
+def test_a_too_large_dependency_has_the_digest_the_cache_checks(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The cache compares digest_of (a fresh run) with what parse recorded: both read the same
+    bytes, also for a file past the size limit."""
+    monkeypatch.setattr(imports, "MAX_BYTES", 8)
+    big = tmp_path / "big.py"
+    big.write_text("x = 1\n" * 10)
+    project = ProjectSources([tmp_path])
+    with project.scope():
+        assert project.parse(big) is None
+        recorded = project.dependencies()[big]
+    assert recorded == ProjectSources([tmp_path]).digest_of(big)
+    big.write_text("x = 1\n" * 10 + "y = 2\n")  # a change past the limit is not seen, by design
+    assert ProjectSources([tmp_path]).unchanged(big, recorded)
+    big.write_text("z = 3\n" * 10)
+    assert not ProjectSources([tmp_path]).unchanged(big, recorded)

@@ -318,3 +318,13 @@ def test_hvd003_reports_bare_cuda() -> None:
     found = findings("import horovod.torch as hvd\nhvd.init()\nmodel = model.cuda()\n", "HVD003")
     assert len(found) == 1
     assert "line 9" in found[0].message  # the .cuda() call
+
+
+@pytest.mark.parametrize("url", ["tcp://127.0.0.1:29511", "tcp://localhost:23456"])
+def test_ddp005_loopback_rendezvous_is_one_node(url: str) -> None:
+    source = f"""
+    rank = int(os.environ["RANK"])
+    dist.init_process_group("nccl", init_method="{url}", rank=rank, world_size=torch.cuda.device_count())
+    """
+    assert findings(source, "DDP005") == []
+    assert len(findings(source.replace(url, "env://"), "DDP005")) == 1

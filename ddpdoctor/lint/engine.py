@@ -264,7 +264,7 @@ def lint_paths(
     """Lint files and folders. Returns the results and the folders that held no Python file."""
     discovered = discover(paths, settings)
     enabled = settings.enabled_codes()
-    project = ProjectSources.for_paths([Path(p) for p in paths])
+    project = ProjectSources.for_paths(paths)
     cache: Optional[ResultCache] = None
     if use_cache and not fix:
         root = cache_root or settings.root or Path.cwd()

@@ -2,7 +2,8 @@
 
     syntax     dotted names, walks, literals, canonical torch names (imports nothing of ddpdoctor)
     imports    the project's own modules: import resolution, lazy parsing (ProjectSources)
-    model      one module: bindings, values per path, loops, calls, functions, guards
+    model      one module: bindings, values per path, loops, calls, functions, guards, and the
+               link from a call to a function of another project module (`linked_function`)
     harness    test-suite detection
     launch     launch evidence: is this one of several processes; what the launcher's environment says
     ranks      who runs this: all ranks / rank 0 / the others / a subset / single-process only
@@ -33,13 +34,14 @@ from ddpdoctor.lint.analysis.model import (
     Route,
     SubscriptStore,
 )
-from ddpdoctor.lint.analysis.ranks import Runs, WhoRuns, route_runs, who_runs
+from ddpdoctor.lint.analysis.ranks import Runs, WhoRuns, decided_by_guards, route_runs, who_runs
 from ddpdoctor.lint.analysis.syntax import UNKNOWN, Expr, contains, dotted_name, names_in, walk
 
 __all__ = [
     "MAX_DEPTH", "UNKNOWN", "Assignment", "Call", "Context", "Expr", "Function", "Guard", "Loop",
-    "ModuleModel", "ProjectSources", "Route", "Runs", "SubscriptStore", "WhoRuns", "build_analysis", "contains", "devices",
-    "dotted_name", "harness", "launch", "names_in", "ranks", "syntax", "route_runs", "summaries", "walk", "who_runs",
+    "ModuleModel", "ProjectSources", "Route", "Runs", "SubscriptStore", "WhoRuns", "build_analysis",
+    "contains", "decided_by_guards", "devices", "dotted_name", "harness", "launch", "names_in", "ranks",
+    "route_runs", "summaries", "syntax", "walk", "who_runs",
 ]
 
 

@@ -56,20 +56,26 @@ def device_pin_calls(model: ModuleModel, within: Optional[Function] = None) -> l
     return out
 
 
-def visible_devices_writes(model: ModuleModel) -> list[cst.CSTNode]:
+def visible_devices_writes(model: ModuleModel, within: Optional[Function] = None) -> list[cst.CSTNode]:
     """Where the script sets `CUDA_VISIBLE_DEVICES` itself (`os.environ["CUDA_VISIBLE_DEVICES"] =
     str(local_rank)`, `os.environ.setdefault(...)`, `env["CUDA_VISIBLE_DEVICES"] = ...` for a child
     process, `os.putenv(...)`). A process that sees one GPU finds it at index 0, so `cuda:0` is then
-    its own device."""
+    its own device. With `within`, only in that function's body (it is called from another module)."""
     out: list[cst.CSTNode] = []
     for store in model.subscript_stores:
+        if within is not None and store.ctx.function is not within:
+            continue
         if isinstance(store.key, cst.SimpleString) and store.key.evaluated_value in VISIBLE_DEVICES_KEYS:
             out.append(store.value)
     for call in model.calls_named("os.environ.setdefault", "os.putenv"):
         key = call.arg(0)
+        if within is not None and call.function is not within:
+            continue
         if isinstance(key, cst.SimpleString) and key.evaluated_value in VISIBLE_DEVICES_KEYS:
             out.append(call.node)
     for call in model.method_calls("update"):
+        if within is not None and call.function is not within:
+            continue
         for arg in call.args:
             if isinstance(arg.value, cst.Dict):
                 for element in arg.value.elements:
@@ -79,8 +85,6 @@ def visible_devices_writes(model: ModuleModel) -> list[cst.CSTNode]:
             elif arg.keyword is not None and arg.keyword.value in VISIBLE_DEVICES_KEYS:
                 out.append(call.node)
     return out
-
-
 
 
 @dataclass(eq=False)

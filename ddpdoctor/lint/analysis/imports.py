@@ -6,8 +6,9 @@ one file of a thousand-file project reads that file's imports, not the project.
 
 Resolution follows Python's own rules where they are decidable without running anything: relative
 imports by level; absolute imports against the importer's package root, the importer's folder (a
-script's `sys.path[0]`), the linted folder, the folder of the nearest `pyproject.toml` and its `src/`;
-a regular package (`pkg/__init__.py`) before a module (`pkg.py`) before a namespace folder. It stops
+script's `sys.path[0]`), the linted folder, the project's top (the nearest `pyproject.toml`,
+`setup.py` or `setup.cfg`, else the repository's top) and its `src/`; a regular package
+(`pkg/__init__.py`) before a module (`pkg.py`) before a namespace folder. It stops
 where the answer depends on the run: `sys.path` edits, installed packages, import hooks. A module
 that cannot be found is simply not a project module (None), never an error.
 
@@ -21,6 +22,7 @@ import contextlib
 import hashlib
 import os
 import tokenize
+from collections import OrderedDict
 from io import BytesIO
 from pathlib import Path
 from typing import Callable, Hashable, Iterator, Optional, Sequence, TypeVar, Union
@@ -32,8 +34,12 @@ T = TypeVar("T")
 # Larger files are generated code (vendored tables, exported graphs), not training logic; parsing
 # one would cost more than the whole lint of a typical project.
 MAX_BYTES = 2 * 1024 * 1024
-# How far up to look for a pyproject.toml or a package's top.
+# How far up to look for a project's or a package's top.
 MAX_WALK_UP = 32
+# Parsed modules kept at once. A libcst tree takes ~20x its source in memory, and a run over a large
+# tree provides every linted module: unbounded, 10,000 files would hold gigabytes. Past the bound the
+# least recently used tree is dropped (its digest is kept) and re-parsed if asked for again.
+MAX_MODULES = 256
 
 # Dependency states recorded per scope: a content digest, or one of these.
 EXISTS = ""  # the file's existence mattered (a resolution hit), not its content
@@ -78,15 +84,31 @@ def _package_top(directory: Path) -> Path:
     return top
 
 
-def _nearest_pyproject(directory: Path) -> Optional[Path]:
+# What marks a project's top folder (the first found walking up), and a repository's top, where the
+# walk stops (and which is the top itself when no marker was found below it).
+PROJECT_MARKERS = ("pyproject.toml", "setup.py", "setup.cfg")
+
+
+def _project_top(directory: Path, known: dict[Path, Optional[Path]]) -> Optional[Path]:
+    """The nearest folder at or above `directory` with a project marker, else the repository's top
+    (`.git`), else None; `known` memoises the answer for every folder walked through."""
+    walked: list[Path] = []
     current = directory
+    found: Optional[Path] = None
     for _ in range(MAX_WALK_UP):
-        if _is_file(current / "pyproject.toml"):
-            return current
-        if (current / ".git").exists() or current.parent == current:
-            return None
+        if current in known:
+            found = known[current]
+            break
+        walked.append(current)
+        if any(_is_file(current / marker) for marker in PROJECT_MARKERS) or os.path.exists(current / ".git"):
+            found = current
+            break
+        if current.parent == current:
+            break
         current = current.parent
-    return None
+    for folder in walked:
+        known[folder] = found
+    return found
 
 
 class ProjectSources:
@@ -94,7 +116,8 @@ class ProjectSources:
 
     def __init__(self, roots: Sequence[Path]) -> None:
         self.roots: tuple[Path, ...] = tuple(dict.fromkeys(_absolute(r) for r in roots))
-        self._modules: dict[Path, Optional[cst.Module]] = {}
+        self._modules: OrderedDict[Path, cst.Module] = OrderedDict()  # least recently used first
+        self._unparsable: set[Path] = set()
         self._digests: dict[Path, str] = {}
         self._absent: set[Path] = set()  # digest_of's misses (many importers look for the same names)
         self._resolved: dict[tuple[Path, Optional[str], int], tuple[Optional[Path], dict[Path, State]]] = {}
@@ -103,23 +126,29 @@ class ProjectSources:
         self._scopes: list[dict[Path, State]] = [{}]
 
     @classmethod
-    def for_paths(cls, paths: Sequence[Path]) -> "ProjectSources":
+    def for_paths(cls, paths: Sequence[Union[str, Path]]) -> "ProjectSources":
         """Roots for the named files and folders: each folder named, each file's folder and its
-        package's top, the nearest pyproject.toml's folder and the `src/` beside it."""
-        roots: list[Path] = []
+        package's top, the project's top (pyproject.toml, setup.py or setup.cfg, else the repository's
+        top) and the `src/` beside it. Naming one file of a project then resolves its imports as
+        naming the whole folder does."""
+        # Strings until the folders are unique: pre-commit may name hundreds of files in a few folders.
+        names: dict[str, None] = {}
         for raw in paths:
             try:
-                path = _absolute(raw)
-                folder = path if _is_dir(path) else path.parent
-                roots.append(folder)
-                roots.append(_package_top(folder))
-                project = _nearest_pyproject(folder)
-                if project is not None:
-                    roots.append(project)
-                    if _is_dir(project / "src"):
-                        roots.append(project / "src")
-            except (OSError, ValueError):
+                path = os.path.abspath(raw)
+                names[path if os.path.isdir(path) else os.path.dirname(path)] = None
+            except (OSError, ValueError, TypeError):
                 continue
+        roots: list[Path] = []
+        projects: dict[Path, Optional[Path]] = {}
+        for folder in map(Path, names):
+            roots.append(folder)
+            roots.append(_package_top(folder))
+            project = _project_top(folder, projects)
+            if project is not None:
+                roots.append(project)
+                if _is_dir(project / "src"):
+                    roots.append(project / "src")
         return cls(roots)
 
     # ---- dependency recording
@@ -180,8 +209,18 @@ class ProjectSources:
         """Hand over a module the caller already read and parsed (a linted file), so that
         following an import back to it neither re-reads nor re-parses it."""
         path = _absolute(path)
-        self._modules[path] = module
         self._digests[path] = content_digest(data[: MAX_BYTES + 1])  # as digest_of reads it
+        self._keep(path, module)
+
+    def _keep(self, path: Path, module: Optional[cst.Module]) -> None:
+        if module is None:
+            self._unparsable.add(path)
+            return
+        self._unparsable.discard(path)
+        self._modules[path] = module
+        self._modules.move_to_end(path)
+        while len(self._modules) > MAX_MODULES:
+            self._modules.popitem(last=False)
 
     def parse(self, path: Path) -> Optional[cst.Module]:
         """The parsed module at `path`; None if it is unreadable, not Python, too large or does
@@ -190,11 +229,15 @@ class ProjectSources:
             path = _absolute(path)
         except (OSError, ValueError):
             return None
-        if path not in self._modules:
-            self._modules[path] = self._read_and_parse(path)
+        module = self._modules.get(path)
+        if module is not None:
+            self._modules.move_to_end(path)
+        elif path not in self._unparsable:
+            module = self._read_and_parse(path)
+            self._keep(path, module)
         if path in self._digests:
             self._note(path, self._digests[path])
-        return self._modules[path]
+        return module
 
     def _read_and_parse(self, path: Path) -> Optional[cst.Module]:
         if path.suffix not in (".py", ".pyi") or not _is_file(path):
@@ -354,13 +397,13 @@ def _imports(tree: cst.Module) -> Iterator[Union[cst.Import, cst.ImportFrom]]:
 
 
 def _child_statements(node: cst.BaseCompoundStatement) -> Iterator[cst.CSTNode]:
-    blocks: list[cst.BaseSuite] = [node.body]
+    blocks: list[cst.BaseSuite] = [node.body]  # in source order: body, handlers, else/elif, finally
+    for handler in getattr(node, "handlers", ()):
+        blocks.append(handler.body)
     orelse = getattr(node, "orelse", None)
     while orelse is not None:
         blocks.append(orelse.body)
         orelse = getattr(orelse, "orelse", None) if isinstance(orelse, cst.If) else None
-    for handler in getattr(node, "handlers", ()):
-        blocks.append(handler.body)
     final = getattr(node, "finalbody", None)
     if final is not None:
         blocks.append(final.body)

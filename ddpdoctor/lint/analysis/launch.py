@@ -117,20 +117,28 @@ def runs_in_module(model: ModuleModel, function: Optional[Function], depth: int 
     (`mp.spawn(worker)`, `Process(target=worker)`), even through its callers: a utils module's
     `setup()` that other files call, after doing their own set-up. Methods count as running (their
     class is instantiated elsewhere), and so does anything undecidable."""
-
     if function is None or function.klass is not None or depth > 4:
         return True
+    return model.memoized(("runs_in_module", id(function)), lambda: _runs_in_module(model, function, depth), True)
+
+
+def _runs_in_module(model: ModuleModel, function: Function, depth: int) -> bool:
     if isinstance(function.node, cst.FunctionDef) and function.node.decorators:
         return True  # registered with a framework (`@hydra.main`, `@record`, a CLI command)
-    sites = model.call_sites(function)
-    if any(runs_in_module(model, site.function, depth + 1) for site in sites):
+    if any(runs_in_module(model, site.function, depth + 1) for site in model.call_sites(function)):
         return True
-    for call in model.calls:
-        for arg in call.args:
-            if dotted_name(arg.value) == function.name:
-                return True
-    return False
+    return function.name in _names_handed_on(model)
 
+
+def _names_handed_on(model: ModuleModel) -> frozenset[str]:
+    """Names passed as arguments somewhere (`mp.spawn(worker)`, `Process(target=worker)`)."""
+
+    def compute() -> frozenset[str]:
+        return frozenset(
+            name for call in model.calls for arg in call.args if (name := dotted_name(arg.value)) is not None
+        )
+
+    return model.memoized(("names_handed_on",), compute, frozenset())
 
 
 def env_key(model: ModuleModel, expr: cst.BaseExpression) -> Optional[str]:

@@ -26,6 +26,7 @@ costs ~0.05x. The rules need far less than full scope analysis, so we record jus
 
 from __future__ import annotations
 
+import builtins
 import itertools
 import re
 import os.path
@@ -59,6 +60,7 @@ MAX_DEPTH = 6
 # How many distinct value-following questions one module may ask before every further one
 # answers "unknown": a hard ceiling on analysis time for pathological files.
 STEP_BUDGET = 200_000
+_BUILTINS = frozenset(dir(builtins))
 # How many distinct paths one value may arrive by before following it gives up.
 MAX_ROUTES = 64
 _IN_PROGRESS = object()
@@ -535,6 +537,7 @@ class ModuleModel:
         # `from .<module> import name [as local]`: local -> (module, level, name).
         self.relative_imports: dict[str, tuple[Optional[str], int, str]] = {}
         self._star_table: Optional[dict[str, str]] = None
+        self._built = False
         self._star_fallback: Optional[str] = None
         self.imported_modules: set[str] = set()
         self.calls: list[Call] = []
@@ -572,6 +575,7 @@ class ModuleModel:
                     if isinstance(small, (cst.Import, cst.ImportFrom)):
                         builder.small(small, statement)
         builder.block(module.body)
+        model._built = True
         if model.star_imports:
             # Names that arrive through a star import are known only now that local bindings are.
             for call in model.calls:
@@ -634,6 +638,8 @@ class ModuleModel:
         """What a name not bound here means when star imports may have brought it: the import it
         is in a project module imported with `*` (`from common import *` where common.py does
         `import torch.distributed as dist`), else a name of the torch module imported with `*`."""
+        if not self._built or head in _BUILTINS:
+            return None  # known only once every local binding is; builtins are never star-imported
         if head in self._assignments_by_target or any(f.name == head and f.parent is None for f in self.functions):
             return None
         if self._star_table is None:

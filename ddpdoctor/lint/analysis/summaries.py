@@ -18,6 +18,8 @@ from ddpdoctor.lint.analysis.ranks import decided_by_guards, rank_kind
 from ddpdoctor.lint.analysis.syntax import dotted_name
 
 SAVE = "torch.save"
+# Buffers: a save into one writes no file.
+IN_MEMORY = frozenset({"io.BytesIO", "io.StringIO"})
 
 
 def param_name(model: ModuleModel, function: Function, expr: Optional[cst.CSTNode]) -> Optional[str]:
@@ -74,6 +76,8 @@ def unguarded_save(model: ModuleModel, function: Function) -> Optional[tuple[Cal
         param = param_name(model, function, path)
         if param is None and mentions_rank(model, path, call.order, call.function):
             continue
+        if model.origin_names(path, call.order, call.function) & IN_MEMORY:
+            continue  # `torch.save(obj, io.BytesIO())`: serialising, not writing a checkpoint
         return call, param
     return None
 

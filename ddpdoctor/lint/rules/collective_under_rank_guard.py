@@ -6,7 +6,7 @@ from typing import Optional
 
 import libcst as cst
 
-from ddpdoctor.lint.analysis import Call, ModuleModel, Runs, WhoRuns, who_runs
+from ddpdoctor.lint.analysis import Call, ModuleModel, Runs, WhoRuns, decided_by_guards, who_runs
 from ddpdoctor.lint.rules.base import Rule
 
 # Every rank of the (default) group must enter these; send/recv/isend/irecv are point-to-point
@@ -105,7 +105,7 @@ class CollectiveUnderRankGuard(Rule):
     # Some collective's name, in a file that uses torch.distributed or Horovod at all.
     trigger_words = (
         "barrier", "reduce", "broadcast", "gather", "scatter", "all_to_all", "alltoall", "new_group",
-        "new_subgroups", "join(",
+        "new_subgroups", "join(", "import",  # "import": a project helper may reach the collective
     )
     context_words = ("distributed", "horovod")
 
@@ -118,7 +118,23 @@ class CollectiveUnderRankGuard(Rule):
             runs = who_runs(self.model, call)
             if runs.some_ranks:
                 guarded.append((call, name, runs))
+        reached = self._through_project_helpers()
+        guarded.extend((call, name, runs) for call, name, runs, _ in reached)
+        for call, name, runs, (other, inner) in reached:
+            if self._matched(call, name, runs.runs, guarded):
+                continue
+            guard_line = self.line(runs.guard.test) if runs.guard is not None else None
+            where = f" (guarded at line {guard_line})" if guard_line is not None else ""
+            self.report(
+                call.node,
+                f"{call.dotted}() reaches the collective {name} ({other.shown_path} line "
+                f"{other.line_of(inner.node)}), which every rank must call, but it is only called by "
+                f"{DESCRIBE[runs.runs]}{where}: the other ranks never enter it and the job hangs until the "
+                f"timeout. Call it outside the rank-specific branch.",
+            )
         for call, name, runs in guarded:
+            if any(call is linked for linked, _, _, _ in reached):
+                continue
             if self._matched(call, name, runs.runs, guarded):
                 continue
             guard_line = self.line(runs.guard.test) if runs.guard is not None else None
@@ -138,6 +154,29 @@ class CollectiveUnderRankGuard(Rule):
                 f"{where}: the other ranks never enter it and the job hangs until the timeout. "
                 f"{advice}",
             )
+
+    def _through_project_helpers(self) -> list[tuple[Call, str, WhoRuns, tuple[ModuleModel, Call]]]:
+        """Calls, on some ranks only, of another project module's functions that reach a
+        collective on whichever ranks call them: (the call, the collective, who runs the call,
+        (that module, the collective call))."""
+        out: list[tuple[Call, str, WhoRuns, tuple[ModuleModel, Call]]] = []
+        for call in self.model.calls:
+            if (call.name or "").startswith(("torch.", "horovod.")):
+                continue
+            runs = who_runs(self.model, call)
+            if not runs.some_ranks:
+                continue  # cheap test first: linking reads and parses the other module
+            linked = self.model.linked_function(call)
+            if linked is None:
+                continue
+            other, function = linked
+            for inner in function.calls:
+                name = collective_name(inner)
+                if name is None or on_subgroup(other, inner) or decided_by_guards(other, inner.ctx.guards):
+                    continue
+                out.append((call, name, runs, (other, inner)))
+                break
+        return out
 
     def _matched(self, call: Call, name: str, kind: Runs, guarded: list[tuple[Call, str, WhoRuns]]) -> bool:
         """The same collective reached on the other side of a complementary guard: the torchvision /

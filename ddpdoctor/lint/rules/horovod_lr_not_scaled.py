@@ -8,7 +8,7 @@ from typing import Optional
 import libcst as cst
 
 from ddpdoctor.findings import Fix
-from ddpdoctor.lint.analysis import MAX_DEPTH, Call, Function, ModuleModel, dotted_name
+from ddpdoctor.lint.analysis import MAX_DEPTH, Call, Function, ModuleModel, dotted_name, walk
 from ddpdoctor.lint.analysis.syntax import as_left_factor
 from ddpdoctor.lint.rules.base import Rule
 
@@ -64,7 +64,7 @@ class HorovodLrNotScaled(Rule):
 
     def check(self) -> None:
         wrappers = self.model.calls_named(*DISTRIBUTED_OPTIMIZER)
-        if not wrappers or self._scaled_later():
+        if not wrappers or self._scaled_later() or self._batch_divided():
             return
         for wrapper in wrappers:
             op = wrapper.arg(keyword="op")
@@ -172,6 +172,22 @@ class HorovodLrNotScaled(Rule):
         for verdict in verdicts[1:]:
             result = _combine(result, verdict)
         return result
+
+    def _batch_divided(self) -> bool:
+        """`args.batch_size = int(args.batch_size / hvd.size())`: the per-worker batch is the global
+        batch divided among the workers, so the global batch (and the learning rate tuned for it)
+        stays as it was and no scaling is due."""
+        for assignment in self.model.assignments:
+            if "batch" not in assignment.target.rsplit(".", 1)[-1].lower() or assignment.value is None:
+                continue
+            for node in walk(assignment.value):
+                if (
+                    isinstance(node, cst.BinaryOperation)
+                    and isinstance(node.operator, (cst.Divide, cst.FloorDivide))
+                    and mentions_size(self.model, node.right, assignment.order, assignment.function)
+                ):
+                    return True
+        return False
 
     def _scaled_later(self) -> bool:
         """`param_group["lr"] = base * hvd.size() * adj` (Horovod's imagenet warmup), or an LR

@@ -26,8 +26,8 @@ class MissingSetDevice(Rule):
 
     code = "DDP011"
     checks_test_suites = False
-    # "distributed": the NCCL group may be created by a project helper (`init_distributed()`).
-    trigger_words = ("nccl", "NCCL", "distributed")
+    # Or a DDP script whose NCCL group a project helper creates (`init_distributed()`).
+    trigger_words = ("nccl", "NCCL", "DistributedDataParallel")
 
     def check(self) -> None:
         model = self.model
@@ -37,10 +37,12 @@ class MissingSetDevice(Rule):
             call for call in model.calls_named(launch.INIT_PROCESS_GROUP)
             if self.is_nccl(call) and launch.runs_in_module(model, call.function) and not harness.in_test_case(call)
         ]
-        helpers, pinned_by_helper = self.project_helpers()
-        if not inits and not helpers:
+        if devices.device_pin_calls(model) or devices.visible_devices_writes(model):
             return
-        if devices.device_pin_calls(model) or devices.visible_devices_writes(model) or pinned_by_helper:
+        if not inits and not model.calls_named(launch.DDP_CLASS):
+            return  # a group created by a project helper matters in a script that then wraps in DDP
+        helpers, pinned_by_helper = self.project_helpers()
+        if (not inits and not helpers) or pinned_by_helper:
             return
         for call, where in helpers:
             self.report(
@@ -88,7 +90,7 @@ class MissingSetDevice(Rule):
             if linked is None:
                 continue
             other, function = linked
-            if devices.device_pin_calls(other, function):
+            if devices.device_pin_calls(other, function) or devices.visible_devices_writes(other, function):
                 pinned = True
                 continue
             judge = type(self)(other)

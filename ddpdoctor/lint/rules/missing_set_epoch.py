@@ -7,7 +7,7 @@ from typing import Optional
 import libcst as cst
 
 from ddpdoctor.findings import Edit, Fix
-from ddpdoctor.lint.analysis import Call, Function, Loop, dotted_name, names_in, summaries
+from ddpdoctor.lint.analysis import Call, Function, Loop, contains, dotted_name, names_in, summaries
 from ddpdoctor.lint.rules.base import Rule
 
 SAMPLER = "torch.utils.data.DistributedSampler"
@@ -237,7 +237,7 @@ class MissingSetEpoch(Rule):
     def _reseeded_each_epoch(self, sampler: Call, epoch_loop: Loop) -> bool:
         """`DistributedSampler(ds, seed=base_seed + epoch)` built inside the epoch loop: a new order
         every epoch without set_epoch."""
-        inside = sampler.function is epoch_loop.function and epoch_loop.order < sampler.order < epoch_loop.end_order
+        inside = sampler.function is epoch_loop.function and contains(epoch_loop, sampler.order)
         seed = sampler.arg(4, "seed")
         if not inside or seed is None:
             return False
@@ -305,7 +305,7 @@ class MissingSetEpoch(Rule):
                 out.append(site.loops[0])
                 continue
             for loop in self.model.loops:
-                if loop.function is site.function and loop.order < site.order < loop.end_order:
+                if loop.function is site.function and contains(loop, site.order):
                     out.append(loop)
                     break
             else:

@@ -22,7 +22,6 @@ from ddpdoctor.lint.analysis import (
 from ddpdoctor.lint.rules.base import Rule
 
 SAVE = "torch.save"
-IN_MEMORY = frozenset({"io.BytesIO", "io.StringIO"})
 
 
 class UnguardedCheckpointSave(Rule):
@@ -39,7 +38,8 @@ class UnguardedCheckpointSave(Rule):
     """
 
     code = "DDP008"
-    trigger_words = ("save",)
+    # "import": the save may sit in a project helper this file imports (`utils.write(state)`).
+    trigger_words = ("save", "import")
     context_words = launch.LAUNCH_WORDS
 
     def check(self) -> None:
@@ -57,7 +57,7 @@ class UnguardedCheckpointSave(Rule):
             path = save.arg(1, "f")
             if path is None or summaries.mentions_rank(self.model, path, save.order, save.function):
                 continue  # a per-rank file (`ckpt_rank{rank}.pt`) is a deliberate sharded save
-            if self.model.origin_names(path, save.order, save.function) & IN_MEMORY:
+            if self.model.origin_names(path, save.order, save.function) & summaries.IN_MEMORY:
                 continue  # serialising into a buffer writes no file
             who = who_runs(self.model, save)
             if who.runs is not Runs.ALL:
