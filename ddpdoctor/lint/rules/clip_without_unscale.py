@@ -149,7 +149,7 @@ class ClipWithoutUnscale(Rule):
                 f"(`{scaler}.scale(loss).backward()` at line {self.line(backward.node)}): the threshold is "
                 f"compared against scaled norms, so clipping is far too aggressive or has no effect. "
                 f"Call `{scaler}.unscale_(optimizer)` before clipping.",
-                fix=self._fix(clip, backward, scaler, calls),
+                fix=self._fix(clip, backward, scaler, calls) if scaler is not None else None,
             )
 
     def _fix(self, clip: Call, backward: Call, scaler: str, calls: list[Call]) -> Optional[Fix]:
