@@ -8,8 +8,7 @@ from typing import Optional
 import libcst as cst
 
 from ddpdoctor.findings import Fix
-from ddpdoctor.lint.analysis import MAX_DEPTH, Call, Function, ModuleModel, dotted_name, walk
-from ddpdoctor.lint.analysis.syntax import as_left_factor
+from ddpdoctor.lint.analysis import MAX_DEPTH, Call, Function, ModuleModel, dotted_name, syntax, walk
 from ddpdoctor.lint.rules.base import Rule
 
 HVD_MODULES = ("horovod.torch",)
@@ -106,7 +105,7 @@ class HorovodLrNotScaled(Rule):
         size = self.model.spelling("horovod.torch.size")
         if size is None:
             return None
-        scaled = f"{as_left_factor(lr, self.model.code_of(lr))} * {size}()"
+        scaled = f"{syntax.as_left_factor(lr, self.model.code_of(lr))} * {size}()"
         # A hand-written schedule that stores `param_group["lr"] = ...` (unscaled, or the rule would
         # not fire) overwrites the constructor's rate: scaling only the constructor would not do.
         resets = any(
