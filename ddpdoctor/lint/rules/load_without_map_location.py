@@ -31,7 +31,7 @@ class LoadWithoutMapLocation(Rule):
 
     code = "DDP012"
     trigger_words = ("load(",)
-    context_words = ("init_process_group", "DistributedDataParallel", "horovod", "deepspeed", "spawn")
+    context_words = launch.LAUNCH_WORDS
 
     def check(self) -> None:
         model = self.model
@@ -64,41 +64,11 @@ class LoadWithoutMapLocation(Rule):
                 fix=self._fix(load),
             )
 
-    def _has_map_location(self, load: Call) -> bool:
-        """`map_location` given in any form; a `**kwargs` or `*args` we cannot read counts as given."""
-        if load.arg(1, "map_location") is not None:
-            return True
-        for arg in load.args:
-            if arg.star == "*":
-                return True
-            if arg.star == "**" and not self._kwargs_lack_map_location(arg.value, load):
-                return True
-        return False
-
-    def _kwargs_lack_map_location(self, expr: cst.BaseExpression, load: Call) -> bool:
-        """True only when every value the `**kwargs` may hold is a dict known to lack the key."""
-        leaves = self.model.leaf_values(expr, load.order, load.function)
-        if not leaves:
-            return False
-        for value, _, _ in leaves:
-            if isinstance(value, cst.Dict):
-                keys = []
-                for element in value.elements:
-                    if not isinstance(element, cst.DictElement) or not isinstance(element.key, cst.SimpleString):
-                        return False  # `**other` inside, or a computed key
-                    keys.append(element.key.evaluated_value)
-                if "map_location" in keys:
-                    return False
-            elif isinstance(value, cst.Call) and dotted_name(value.func) == "dict":
-                if any(a.star or a.keyword is None or a.keyword.value == "map_location" for a in value.args):
-                    return False
-            else:
-                return False
-        # Item assignments (`kwargs["map_location"] = ...`) after the literal: cannot rule them out.
-        name = dotted_name(expr)
-        if name is not None and any(dotted_name(store.target) == name for store in self.model.subscript_stores):
-            return False
-        return True
+    @staticmethod
+    def _has_map_location(load: Call) -> bool:
+        """`map_location` given in any form: positional, keyword, or in a `**kwargs` the model read
+        whole; a `*args` or a `**kwargs` it could not read may carry it, so it counts as given."""
+        return load.arg(1, "map_location") is not None or load.has_star_args()
 
     def _restored_loads(self) -> dict[int, list[Call]]:
         """For each load whose result reaches `load_state_dict` (directly, through a key or a
