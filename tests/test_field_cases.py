@@ -175,11 +175,11 @@ def test_ddp008_project_helper_serialising_into_a_buffer_is_no_save(tmp_path) ->
 
     (tmp_path / "utils.py").write_text(
         "import io\nimport torch\ndef reload(obj):\n    buffer = io.BytesIO()\n    torch.save(obj, buffer)\n"
-        "def write(obj):\n    torch.save(obj, 'ckpt.pt')\n"
+        "def save_state(obj):\n    torch.save(obj, 'ckpt.pt')\n"
     )
     (tmp_path / "main.py").write_text(
         "import torch.distributed as dist\nimport utils\ndist.init_process_group('nccl')\n"
-        "utils.reload(state)\nutils.write(state)\n"
+        "utils.reload(state)\nutils.save_state(state)\n"
     )
     result, _ = lint_paths([str(tmp_path / "main.py")], S(select=("DDP008",)), jobs=1, use_cache=False)
     assert [(f.line, f.code) for f in result.findings] == [(5, "DDP008")]

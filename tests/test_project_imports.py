@@ -354,3 +354,37 @@ def test_a_too_large_dependency_has_the_digest_the_cache_checks(tmp_path: Path, 
     assert ProjectSources([tmp_path]).unchanged(big, recorded)
     big.write_text("z = 3\n" * 10)
     assert not ProjectSources([tmp_path]).unchanged(big, recorded)
+
+
+def test_stubs_and_the_exact_size_limit_are_parsed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    (tmp_path / "typed.pyi").write_text("def f() -> int: ...\n")
+    exact = tmp_path / "exact.py"
+    exact.write_text("x = 1\n")
+    project = ProjectSources([tmp_path])
+    assert project.parse(tmp_path / "typed.pyi") is not None
+    monkeypatch.setattr(imports, "MAX_BYTES", len(exact.read_bytes()))
+    assert project.parse(exact) is not None
+
+
+def test_parsed_module_keeps_the_source_exactly(tmp_path: Path) -> None:
+    """A byte-order mark is dropped (the tokenizer's encoding took care of it), nothing else."""
+    (tmp_path / "bom.py").write_bytes(b"\xef\xbb\xbf\n\nx = 1\n")
+    module = ProjectSources([tmp_path]).parse(tmp_path / "bom.py")
+    assert module is not None and module.code == "\n\nx = 1\n"
+
+
+def test_negative_level_and_namespace_package_relative_import(tmp_path: Path) -> None:
+    write(tmp_path, {"x.py": "", "ns/mod.py": "", "ns/sub.py": ""})
+    project = ProjectSources([tmp_path])
+    assert project.resolve(tmp_path / "main.py", "x", -1) is None
+    assert project.resolve(tmp_path / "ns/mod.py", None, 1) is None  # no __init__.py: no file
+    assert project.resolve(tmp_path / "ns/mod.py", "sub", 1) == tmp_path / "ns/sub.py"
+
+
+def test_names_from_a_package_and_imports_after_a_star(tmp_path: Path) -> None:
+    write(tmp_path, {"lib/__init__.py": "", "lib/sub.py": "", "common.py": "", "other.py": "",
+                     "main.py": "from common import *\nfrom lib import sub\nimport other\n"})
+    project = ProjectSources([tmp_path])
+    assert project.imported_modules(tmp_path / "main.py") == [
+        tmp_path / "common.py", tmp_path / "lib/__init__.py", tmp_path / "lib/sub.py", tmp_path / "other.py",
+    ]

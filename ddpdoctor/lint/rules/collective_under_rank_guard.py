@@ -105,7 +105,9 @@ class CollectiveUnderRankGuard(Rule):
     # Some collective's name, in a file that uses torch.distributed or Horovod at all.
     trigger_words = (
         "barrier", "reduce", "broadcast", "gather", "scatter", "all_to_all", "alltoall", "new_group",
-        "new_subgroups", "join(", "import",  # "import": a project helper may reach the collective
+        "new_subgroups", "join(",
+        # or a project helper that reaches one, called under a rank check
+        "rank", "is_main_process", "is_master",
     )
     context_words = ("distributed", "horovod")
 

@@ -25,8 +25,10 @@ class GlobalRankAsDevice(Rule):
     code = "DDP004"
     checks_test_suites = False
     # Every global-rank source the vocabulary knows spells one of these.
-    # "rank": a project helper may hand the rank over (`rank, world_size = setup()`).
-    trigger_words = ("rank", "RANK", "SLURM_PROCID", "process_index")
+    # "rank, ": a project helper may hand the rank over (`rank, world_size = setup()`).
+    trigger_words = (
+        "get_rank", "RANK", "rank()", "SLURM_PROCID", "process_index", "global_rank", "world_rank", "rank, ",
+    )
 
     def check(self) -> None:
         model = self.model

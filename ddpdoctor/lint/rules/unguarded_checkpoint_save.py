@@ -38,8 +38,8 @@ class UnguardedCheckpointSave(Rule):
     """
 
     code = "DDP008"
-    # "import": the save may sit in a project helper this file imports (`utils.write(state)`).
-    trigger_words = ("save", "import")
+    # A save in a project helper is called by a name that says so (`save_checkpoint`, `write_ckpt`).
+    trigger_words = ("save", "checkpoint", "ckpt")
     context_words = launch.LAUNCH_WORDS
 
     def check(self) -> None:
