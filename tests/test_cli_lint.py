@@ -130,7 +130,10 @@ def test_machine_formats(project: Path, fmt: str) -> None:
     if fmt == "json":
         payload = json.loads(result.output)
         assert payload[0]["code"] == "DDP002" and payload[0]["line"] == 8 and payload[0]["column"] == 9
-        assert payload[0]["end_line"] == 8 and payload[0]["severity"] == "error" and payload[0]["fix"] is None
+        assert payload[0]["end_line"] == 8 and payload[0]["severity"] == "error"
+        # DDP002 carries its fix: the conversion moves into the wrap.
+        assert payload[0]["fix"]["applicable"] is True
+        assert payload[0]["fix"]["description"] == "convert before wrapping: `torch.nn.SyncBatchNorm.convert_sync_batchnorm(Net().cuda())`"
     elif fmt == "sarif":
         payload = json.loads(result.output)
         assert payload["version"] == "2.1.0"

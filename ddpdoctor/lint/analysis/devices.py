@@ -308,3 +308,45 @@ def _is_local_cuda_device(model: ModuleModel, value: cst.BaseExpression, order: 
         )
     return False
 
+
+
+def written_index(model: ModuleModel, argument: DeviceArgument) -> Optional[cst.BaseExpression]:
+    """The GPU index as written in the argument itself, not followed through variables: `X` in
+    `f"cuda:{X}"`, `torch.device("cuda", X)`, `"cuda:{}".format(X)`, and the argument itself where a
+    bare int means an index (`set_device(X)`, `device_ids=[X]`, `.cuda(X)`). None otherwise."""
+    expr = argument.expr
+    if isinstance(expr, cst.FormattedString):
+        parts = expr.parts
+        if (
+            len(parts) == 2 and isinstance(parts[0], cst.FormattedStringText) and parts[0].value == "cuda:"
+            and isinstance(parts[1], cst.FormattedStringExpression)
+        ):
+            return parts[1].expression
+        return None
+    if isinstance(expr, cst.Call):
+        call = model.call_of(expr)
+        if call is not None and call.name == "torch.device":
+            kind = call.arg(0, "type")
+            if isinstance(kind, cst.SimpleString) and kind.evaluated_value == "cuda":
+                return call.arg(1, "index")
+            return None
+        func = expr.func
+        if isinstance(func, cst.Attribute) and func.attr.value == "format" and len(expr.args) == 1:
+            if isinstance(func.value, cst.SimpleString) and func.value.evaluated_value == "cuda:{}":
+                return expr.args[0].value
+    return expr if argument.ints else None
+
+
+def index_replacement(node: cst.BaseExpression, local_rank: str) -> Optional[str]:
+    """What replaces a hard-coded or global-rank index `node` so that it names the local rank: the
+    expression itself for an int or a computed index, `f"cuda:{local_rank}"` for a `"cuda:N"`
+    string (keeping its quotes). None for anything else."""
+    if isinstance(node, cst.SimpleString):
+        text = node.evaluated_value
+        if not isinstance(text, str) or not _CUDA_INDEX.match(text) or node.prefix not in ("", "u", "U"):
+            return None
+        quote = node.quote
+        if quote in local_rank:
+            return None
+        return f"f{quote}cuda:{{{local_rank}}}{quote}"
+    return local_rank

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import builtins
 import itertools
+import re
 import os.path
 from pathlib import Path
 from dataclasses import dataclass, field
@@ -45,6 +46,7 @@ from ddpdoctor.lint.analysis.syntax import (
     contains,
     dotted_name,
     exits,
+    walk,
 )
 
 # Methods that return (a view of) their receiver for the purposes of "where did this come from".
@@ -550,6 +552,7 @@ class ModuleModel:
         self._callees: Optional[dict[int, list[Function]]] = None
         self._value_sites: Optional[dict[int, tuple[int, Optional[Function]]]] = None
         self._argparse: Optional[dict[str, list[Expr]]] = None
+        self._top_imports: Optional[dict[str, str]] = None
         # Memo for the value-following queries. Recursive helpers otherwise make them exponential
         # (a parameter followed through every call site at every level), and a cycle would never end.
         self._memo: dict[tuple[object, ...], object] = {}
@@ -657,6 +660,30 @@ class ModuleModel:
         if target is None and self._star_fallback is not None:
             return f"{self._star_fallback}.{head}"
         return target
+
+    def spelling(self, qualified: str) -> Optional[str]:
+        """How code anywhere in this module can write the import-resolved name `qualified`: through a
+        top-level import (`hvd.size` for horovod.torch.size under `import horovod.torch as hvd`), the
+        shortest such spelling whose head nothing here rebinds; None when no top-level import reaches
+        it. For fixes that insert a call: an import inside a function or a branch is not in scope
+        everywhere."""
+        if self._top_imports is None:
+            self._top_imports = _import_table(self.module)
+        best: Optional[str] = None
+        for local, target in self._top_imports.items():
+            if qualified == target:
+                candidate = local
+            elif qualified.startswith(target + "."):
+                candidate = local + qualified[len(target):]
+            else:
+                continue
+            if local in self._assignments_by_target or any(f.name == local for f in self.functions):
+                continue
+            if canonical(self.qualify(cst.parse_expression(candidate)) or "") != canonical(qualified):
+                continue
+            if best is None or len(candidate) < len(best):
+                best = candidate
+        return best
 
     def uses_module(self, prefix: str) -> bool:
         return any(v == prefix or v.startswith(prefix + ".") for v in self.imports.values()) or any(
@@ -1285,6 +1312,38 @@ class ModuleModel:
 
     def line_of(self, node: cst.CSTNode) -> int:
         return self.position(node).start.line
+
+    def own_lines(self, call: Call) -> Optional[tuple[int, int, str]]:
+        """(first line, last line, indentation) of the simple statement that holds `call`, when that
+        statement starts its own line (not `if x: f()`, not after a `;` on the line, not a
+        condition): where a fix can insert a statement just before or just after it."""
+        statement = call.statement
+        if not isinstance(statement, cst.SimpleStatementLine):
+            return None
+        position = self.position(statement)
+        # Lines as libcst counts them (str.splitlines would also split at form feeds).
+        lines = re.split(r"\r\n|\r|\n", self.module.code)
+        if position.start.line > len(lines):
+            return None
+        indent = lines[position.start.line - 1][: position.start.column]
+        if indent.strip():
+            return None
+        return position.start.line, position.end.line, indent
+
+    def indentable_lines(self, call: Call) -> Optional[list[str]]:
+        """The source lines (without line ends) of the simple statement that holds `call`, when it
+        starts its own line and indenting every line keeps its meaning: no string literal spans
+        lines inside it (indenting would change a triple-quoted string's text)."""
+        lines = self.own_lines(call)
+        if lines is None:
+            return None
+        first, last, _ = lines
+        for node in walk(call.statement):
+            if isinstance(node, (cst.SimpleString, cst.FormattedString)):
+                position = self.position(node)
+                if position.start.line != position.end.line:
+                    return None
+        return re.split(r"\r\n|\r|\n", self.module.code)[first - 1 : last]
 
     def code_of(self, node: cst.CSTNode) -> str:
         return self.module.code_for_node(node)

@@ -25,6 +25,8 @@ from ddpdoctor.lint.analysis.syntax import (
     last_segment,
     literal_int,
     literal_ints,
+    names_in,
+    walk,
 )
 
 GLOBAL_RANK_CALLS = frozenset(
@@ -728,3 +730,79 @@ def _above_one_but_set_to_one(model: ModuleModel, test: cst.BaseExpression, orde
             for a in model.assignments
         )
     return False
+
+
+HOROVOD_INIT = "horovod.torch.init"
+
+
+def local_rank_expression(model: ModuleModel, order: int, ctx: Context) -> Optional[str]:
+    """Source text that holds this process's local rank at `order` (in `ctx`'s function, under its
+    conditions), for a fix to use there; None when nothing is certain. In order of preference:
+
+    - a variable or attribute (`local_rank`, `args.gpu`) bound before it in the same function, on
+      every path that reaches it, to a value whose source is a local rank (LOCAL_RANK,
+      `hvd.local_rank()`, `rank % device_count()`) or the mp.spawn index; the nearest wins;
+    - the mp.spawn index parameter of the worker function itself;
+    - `hvd.local_rank()` after `hvd.init()` in the same function, under no other condition.
+
+    Never `args.local_rank` from argparse alone: under torchrun (no `--local-rank` argument) it
+    keeps its default in every process. Never a value that falls back to a negative default
+    (`os.environ.get("LOCAL_RANK", -1)`): a device index of -1 breaks the single-process run."""
+    function = ctx.function
+    found: list[tuple[int, str]] = []
+    for assignment in model.assignments:
+        if assignment.function is not function or assignment.order > order or assignment.value is None:
+            continue
+        if assignment.kind not in ("assign", "annassign"):
+            continue
+        if model.reaching_assignments(assignment.target, order, function) != [assignment]:
+            continue
+        if assignment.ctx.guards != ctx.guards[: len(assignment.ctx.guards)]:
+            continue  # bound under a condition this point does not share
+        if any(isinstance(n, cst.UnaryOperation) and isinstance(n.operator, cst.Minus) for n in walk(assignment.value)):
+            continue
+        if rank_source(model, assignment.value, assignment.order, function) in ("local", "spawn"):
+            found.append((assignment.order, assignment.target))
+    if found:
+        return max(found)[1]
+    if function is not None and function.params and _spawn_index(model, function.params[0], function):
+        name = function.params[0]
+        if all(a.kind == "param" for a in model.reaching_assignments(name, order, function)):
+            return name
+    local_rank = model.spelling("horovod.torch.local_rank")
+    if local_rank is not None:
+        for init in model.calls_named(HOROVOD_INIT):
+            if init.function is function and init.order < order and init.ctx.guards == ctx.guards[: len(init.ctx.guards)]:
+                return f"{local_rank}()"
+    return None
+
+
+def main_process_test(model: ModuleModel, at: Call) -> Optional[str]:
+    """The script's own test for "this is the main process" (global rank 0), as written at one of
+    its rank-0 branches, when the same text means the same thing at `at`: every name it reads is a
+    top-level import, a module-level function, or a variable bound by the same assignments at both
+    places (`rank == 0` from the same `rank = dist.get_rank()`). A branch in `at`'s own function is
+    preferred; among the rest, the first. None when the script has no such test."""
+    found: list[tuple[bool, int, str]] = []
+    for call in model.calls:
+        answer = who_runs(model, call)
+        guard = answer.guard
+        if answer.runs is not Runs.RANK0 or guard is None or guard.negated or answer.via is not None:
+            continue
+        if guard_rank_kinds(model, guard) != frozenset({"global"}):
+            continue
+        if all(_same_meaning(model, name, guard, at) for name in names_in(guard.test)):
+            found.append((guard.function is not at.function, guard.order, model.code_of(guard.test)))
+    return min(found)[2] if found else None
+
+
+def _same_meaning(model: ModuleModel, name: str, guard: Guard, at: Call) -> bool:
+    head = name.split(".")[0]
+    if model.spelling(model.qualify(cst.Name(head)) or "") == head:
+        return True
+    if not model.assignments_to(head) and any(f.name == head and f.parent is None and f.klass is None for f in model.functions):
+        return True
+    if head in ("self", "cls") or guard.function is not at.function:
+        return False
+    here = model.reaching_assignments(head, at.order, at.function)
+    return bool(here) and here == model.reaching_assignments(head, guard.order, guard.function)

@@ -189,3 +189,21 @@ def flatten_boolean(test: cst.BooleanOperation) -> list[cst.BaseExpression]:
         else:
             out.append(side)
     return out
+
+
+# Binary operators that bind at least as tightly as `*`: `a / b * c` keeps its meaning.
+_AS_TIGHT_AS_PRODUCT = (cst.Multiply, cst.Divide, cst.FloorDivide, cst.Modulo, cst.MatrixMultiply, cst.Power)
+
+
+def as_left_factor(node: cst.BaseExpression, code: str) -> str:
+    """`code` (the source of `node`) made safe as the left operand of `*`: parenthesized unless it
+    binds at least as tightly (`lr + 1` -> `(lr + 1)`, `args.lr / 2` stays)."""
+    if node.lpar:
+        return code
+    if isinstance(node, cst.BinaryOperation):
+        return code if isinstance(node.operator, _AS_TIGHT_AS_PRODUCT) else f"({code})"
+    if isinstance(node, cst.UnaryOperation):
+        return f"({code})" if isinstance(node.operator, cst.Not) else code
+    if isinstance(node, (cst.Name, cst.Attribute, cst.Integer, cst.Float, cst.Call, cst.Subscript)):
+        return code
+    return f"({code})"

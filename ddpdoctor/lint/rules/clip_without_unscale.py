@@ -6,6 +6,7 @@ from typing import Optional
 
 import libcst as cst
 
+from ddpdoctor.findings import Edit, Fix
 from ddpdoctor.lint.analysis import Call, ModuleModel, dotted_name, names_in
 from ddpdoctor.lint.rules.base import Rule
 
@@ -148,7 +149,35 @@ class ClipWithoutUnscale(Rule):
                 f"(`{scaler}.scale(loss).backward()` at line {self.line(backward.node)}): the threshold is "
                 f"compared against scaled norms, so clipping is far too aggressive or has no effect. "
                 f"Call `{scaler}.unscale_(optimizer)` before clipping.",
+                fix=self._fix(clip, backward, scaler, calls) if scaler is not None else None,
             )
+
+    def _fix(self, clip: Call, backward: Call, scaler: str, calls: list[Call]) -> Optional[Fix]:
+        """Insert `scaler.unscale_(optimizer)` on the line before the clip, with the optimizer that
+        this scaler steps after it (one, written as a plain name or attribute). Applied only when
+        it certainly runs once per step where the scaler exists: the clip runs under every
+        condition the scaled backward runs under (`if scaler is not None:` around the backward
+        and not the clip could meet a None scaler), in the same loops as the step (a clip in an
+        accumulation loop would unscale twice per step, which GradScaler refuses)."""
+        steps = [
+            c for c in calls
+            if c.order > clip.order and c.attr == "step" and c.receiver is not None
+            and (dotted_name(c.receiver) or self.model.code_of(c.receiver)) == scaler
+            and not exclusive(self.model, c, clip)
+        ]
+        optimizers = {dotted_name(c.arg(0, "optimizer")) for c in steps}
+        lines = self.model.own_lines(clip)
+        if len(optimizers) != 1 or None in optimizers or lines is None:
+            return None
+        optimizer = optimizers.pop()
+        first, _, indent = lines
+        statement = f"{scaler}.unscale_({optimizer})"
+        clip_guards = {(id(g.test), g.negated) for g in clip.ctx.guards}
+        certain = all((id(g.test), g.negated) in clip_guards for g in backward.ctx.guards) and all(
+            s.ctx.loops == clip.ctx.loops for s in steps
+        )
+        edit = Edit(first, 1, first, 1, f"{indent}{statement}\n")
+        return Fix(f"call `{statement}` before clipping", applicable=certain, edits=(edit,))
 
     def _unscales(self, call: Call, depth: int = 0) -> bool:
         """`scaler.unscale_(opt)`, or a local helper that calls it."""

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+from typing import Optional
+
 import libcst as cst
 
+from ddpdoctor.findings import Fix
 from ddpdoctor.lint.analysis import devices, ranks
 from ddpdoctor.lint.rules.base import Rule
 
@@ -63,7 +66,22 @@ class GlobalRankAsDevice(Rule):
                 f"matches the GPU on the first node; on the next node ranks start past its GPU count "
                 f"(invalid device ordinal). Use the local rank: int(os.environ[\"LOCAL_RANK\"]), "
                 f"hvd.local_rank() or rank % torch.cuda.device_count().",
+                fix=self.fix(argument),
             )
+
+    def fix(self, argument: devices.DeviceArgument) -> Optional[Fix]:
+        """Replace the global rank written in the argument (`set_device(rank)`, `f"cuda:{rank}"`)
+        with the local rank the script holds there; a device built elsewhere is not touched here
+        (that variable may serve other purposes), nor is anything where no local rank is certain."""
+        call = argument.call
+        written = devices.written_index(self.model, argument)
+        if written is None or ranks.rank_source(self.model, written, call.order, call.function) != "global":
+            return None
+        local_rank = ranks.local_rank_expression(self.model, call.order, call.ctx)
+        text = devices.index_replacement(written, local_rank) if local_rank is not None else None
+        if text is None:
+            return None
+        return Fix(f"use the local rank: `{text}`", applicable=True, edits=(self.replace(written, text),))
 
     def origin(self, index: devices.DeviceIndex) -> cst.BaseExpression:
         """Where the global rank is read (`int(os.environ["RANK"])`, `dist.get_rank()`), for the

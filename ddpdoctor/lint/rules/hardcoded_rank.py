@@ -6,8 +6,9 @@ from typing import Optional
 
 import libcst as cst
 
-from ddpdoctor.lint.analysis import devices, launch
-from ddpdoctor.lint.analysis import Call, ModuleModel, Runs, route_runs, who_runs
+from ddpdoctor.findings import Fix
+from ddpdoctor.lint.analysis import devices, launch, ranks
+from ddpdoctor.lint.analysis import Call, Context, ModuleModel, Runs, route_runs, who_runs
 from ddpdoctor.lint.rules.base import Rule
 
 # Device strings that name no GPU: a literal GPU index on one arm of `"cuda:0" if ok else "cpu"`
@@ -133,7 +134,30 @@ class HardcodedRank(Rule):
                 f"({launch.describe(evidence)} at line {self.line(evidence.node)}): every process uses GPU "
                 f"{literal.index} instead of its own. Derive the device from the local rank "
                 f"(int(os.environ[\"LOCAL_RANK\"]), hvd.local_rank() or the mp.spawn index).",
+                fix=self.fix(argument, literals),
             )
+
+    def fix(self, argument: devices.DeviceArgument, literals: list[devices.DeviceIndex]) -> Optional[Fix]:
+        """Replace the one hard-coded index with the local rank the script holds where the literal
+        is written: in the argument itself (`set_device(0)`, `.to("cuda:0")`), or as the whole value
+        of an assignment (`device = "cuda:0"`). No fix where no local rank is certain there."""
+        if len(literals) != 1:
+            return None
+        node = literals[0].node
+        where: Optional[tuple[int, Context]] = None
+        if devices.written_index(self.model, argument) is node or argument.expr is node:
+            where = (argument.call.order, argument.call.ctx)
+        elif isinstance(node, cst.SimpleString):
+            for assignment in self.model.assignments:
+                if assignment.value is node and assignment.kind == "assign":
+                    where = (assignment.order, assignment.ctx)
+        if where is None:
+            return None
+        local_rank = ranks.local_rank_expression(self.model, *where)
+        text = devices.index_replacement(node, local_rank) if local_rank is not None else None
+        if text is None:
+            return None
+        return Fix(f"use the local rank: `{text}`", applicable=True, edits=(self.replace(node, text),))
 
 
 def _names_no_gpu(node: cst.CSTNode) -> bool:

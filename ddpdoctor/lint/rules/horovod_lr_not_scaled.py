@@ -7,7 +7,8 @@ from typing import Optional
 
 import libcst as cst
 
-from ddpdoctor.lint.analysis import MAX_DEPTH, Call, Function, ModuleModel, dotted_name, walk
+from ddpdoctor.findings import Fix
+from ddpdoctor.lint.analysis import MAX_DEPTH, Call, Function, ModuleModel, dotted_name, syntax, walk
 from ddpdoctor.lint.rules.base import Rule
 
 HVD_MODULES = ("horovod.torch",)
@@ -93,7 +94,25 @@ class HorovodLrNotScaled(Rule):
                     f"{written}, not scaled by hvd.size(): gradients are averaged over hvd.size() times "
                     f"more samples, so training runs with a learning rate too small for the global batch. "
                     f"Use lr=<base lr> * hvd.size() (or scale it in a warmup schedule).",
+                    fix=self._fix(lr) if lr is not None else None,
                 )
+
+    def _fix(self, lr: cst.BaseExpression) -> Optional[Fix]:
+        """`lr=X` -> `lr=X * hvd.size()`, Horovod's documented linear scaling, written with the
+        module's own top-level Horovod import (no fix without one). Scripts that use Adasum are not
+        reported at all, so the Adasum form (`hvd.local_size()` on GPUs) is never needed here. Only a
+        suggestion where the script also sets `param_group["lr"]` itself."""
+        size = self.model.spelling("horovod.torch.size")
+        if size is None:
+            return None
+        scaled = f"{syntax.as_left_factor(lr, self.model.code_of(lr))} * {size}()"
+        # A hand-written schedule that stores `param_group["lr"] = ...` (unscaled, or the rule would
+        # not fire) overwrites the constructor's rate: scaling only the constructor would not do.
+        resets = any(
+            isinstance(store.key, cst.SimpleString) and store.key.evaluated_value == "lr"
+            for store in self.model.subscript_stores
+        )
+        return Fix(f"scale the learning rate: `{scaled}`", applicable=not resets, edits=(self.replace(lr, scaled),))
 
     def _constructors(self, inner: cst.BaseExpression, wrapper: Call) -> list[Call]:
         """The optimizer constructor calls that `inner` comes from."""

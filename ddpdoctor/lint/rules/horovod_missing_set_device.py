@@ -6,6 +6,7 @@ from typing import Optional
 
 import libcst as cst
 
+from ddpdoctor.findings import Edit, Fix
 from ddpdoctor.lint.analysis import devices, harness, launch
 from ddpdoctor.lint.analysis import Call
 from ddpdoctor.lint.rules.base import Rule
@@ -46,7 +47,21 @@ class HorovodMissingSetDevice(Rule):
             f"Horovod job uses CUDA (line {self.line(use)}) but never pins its GPU: every process on a "
             f"node runs on GPU 0 (out of memory, or NCCL's \"Duplicate GPU detected\" error). Call "
             f"torch.cuda.set_device(hvd.local_rank()) right after hvd.init().",
+            fix=self.fix(inits[0]),
         )
+
+    def fix(self, init: Call) -> Optional[Fix]:
+        """Insert `torch.cuda.set_device(hvd.local_rank())` on the line after `hvd.init()`, at its
+        indentation (so under the same conditions), spelled with the module's top-level imports."""
+        pin = self.model.spelling("torch.cuda.set_device")
+        local_rank = self.model.spelling("horovod.torch.local_rank")
+        lines = self.model.own_lines(init)
+        if pin is None or local_rank is None or lines is None:
+            return None
+        _, last, indent = lines
+        statement = f"{pin}({local_rank}())"
+        edit = Edit(last + 1, 1, last + 1, 1, f"{indent}{statement}\n")
+        return Fix(f"call `{statement}` right after hvd.init()", applicable=True, edits=(edit,))
 
     def first_cuda_use(self) -> Optional[cst.CSTNode]:
         """The first place the script puts work on the *current* GPU: `.cuda()` without an index, or

@@ -6,7 +6,8 @@ from typing import Optional
 
 import libcst as cst
 
-from ddpdoctor.lint.analysis import devices, harness, launch
+from ddpdoctor.findings import Edit, Fix
+from ddpdoctor.lint.analysis import devices, harness, launch, ranks
 from ddpdoctor.lint.analysis import UNKNOWN, Call, dotted_name
 from ddpdoctor.lint.rules.base import Rule
 
@@ -59,7 +60,21 @@ class MissingSetDevice(Rule):
                 "(bare .cuda(), object collectives) lands on GPU 0 in every rank, and barrier() has to "
                 "guess the GPU, which can hang. Call torch.cuda.set_device(local_rank) before "
                 "init_process_group, or pass device_id=torch.device(\"cuda\", local_rank).",
+                fix=self.fix(call),
             )
+
+    def fix(self, init: Call) -> Optional[Fix]:
+        """Insert `torch.cuda.set_device(<local rank>)` on the line after the group is created, at
+        its indentation (so on the same path), when the script holds its local rank there."""
+        pin = self.model.spelling("torch.cuda.set_device")
+        local_rank = ranks.local_rank_expression(self.model, init.order, init.ctx)
+        lines = self.model.own_lines(init)
+        if pin is None or local_rank is None or lines is None:
+            return None
+        _, last, indent = lines
+        statement = f"{pin}({local_rank})"
+        edit = Edit(last + 1, 1, last + 1, 1, f"{indent}{statement}\n")
+        return Fix(f"call `{statement}` right after init_process_group", applicable=True, edits=(edit,))
 
     def project_helpers(self) -> tuple[list[tuple[Call, str]], bool]:
         """Calls here of another project module's functions that create an NCCL group without

@@ -151,7 +151,7 @@ class MissingSetEpoch(Rule):
     @staticmethod
     def _updated_in_loop(order: int, function: Optional[Function], epoch_loop: Loop, running: set[int]) -> bool:
         if function is epoch_loop.function:
-            return epoch_loop.order <= order <= epoch_loop.end_order
+            return order == epoch_loop.order or contains(epoch_loop, order)
         return id(function) in running
 
     def _draws(self, fed: list[Call]) -> list[tuple[cst.CSTNode, list[Loop]]]:

@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+from typing import Optional
+
 import libcst as cst
+
+from ddpdoctor.findings import Edit, Fix
 
 from ddpdoctor.lint.analysis import (
     Call,
@@ -71,7 +75,57 @@ class UnguardedCheckpointSave(Rule):
                 f"torch.save runs on every rank of this distributed script{where}: all processes "
                 f"write the same checkpoint file at once, which can leave it truncated or corrupt. "
                 f"Save only on the main process ({check}).",
+                fix=self.fix(save, what),
             )
+
+    def fix(self, save: Call, what: str) -> Optional[Fix]:
+        """Put the save under the script's own main-process test (`if dist.get_rank() == 0:`,
+        `if is_main_process():`...), indenting it. Left as a suggestion where the script has no such
+        test (the default spelled here may not suit it), or where other ranks may need what the
+        save does: a later torch.load in the same function, a collective in the saved expression,
+        or FSDP / DeepSpeed, whose state_dict() is itself collective, or a later call in the same
+        function given the same path (every rank would read a file only one wrote)."""
+        statement = save.statement
+        if not (
+            isinstance(statement, cst.SimpleStatementLine) and len(statement.body) == 1
+            and isinstance(statement.body[0], cst.Expr) and statement.body[0].value is save.node
+        ):
+            return None
+        lines = self.model.indentable_lines(save)
+        own = self.model.own_lines(save)
+        if lines is None or own is None:
+            return None
+        first, last, indent = own
+        test = ranks.main_process_test(self.model, save)
+        certain = test is not None and not self._others_need(save)
+        if test is None:
+            rank = self.model.spelling("horovod.torch.rank" if what == "hvd.init()" else "torch.distributed.get_rank")
+            if rank is None:
+                return None
+            test = f"{rank}() == 0"
+        unit = "\t" if "\t" in indent else "    "
+        text = f"{indent}if {test}:\n" + "".join(f"{unit}{line}\n" for line in lines)
+        return Fix(f"save only where `{test}`", applicable=certain, edits=(Edit(first, 1, last + 1, 1, text),))
+
+    def _others_need(self, save: Call) -> bool:
+        model = self.model
+        if model.uses_module("torch.distributed.fsdp") or model.uses_module("deepspeed"):
+            return True
+        if any(load.function is save.function and load.order > save.order for load in model.calls_named("torch.load")):
+            return True
+        path = save.arg(1, "f")
+        written = model.code_of(path) if path is not None else None
+        if written is not None and any(
+            # `shutil.copyfile(filename, best)` after the save: every rank reads the file
+            c.function is save.function and c.order > save.order and c.statement is not save.statement
+            and any(model.code_of(a.value) == written for a in c.args)
+            for c in model.calls
+        ):
+            return True
+        return any(
+            c.statement is save.statement and c is not save and (c.name or "").startswith("torch.distributed.")
+            for c in model.calls
+        )
 
     def _check_once_per_node(self, save: Call, path: cst.BaseExpression, who: WhoRuns) -> None:
         """A save "guarded" by the node index runs on every process of node 0; one guarded by the
