@@ -860,6 +860,12 @@ class ModuleModel:
         memo[key] = result
         return result
 
+    @staticmethod
+    def return_sites(helper: Function) -> list[tuple[Expr, int, Function]]:
+        """What a function returns, each with the point it is evaluated at (the function's end),
+        for following a value out of a helper without re-deriving where its body stops."""
+        return [(returned, helper.end_order, helper) for returned in helper.returns]
+
     def origin_calls(self, expr: Optional[Expr], order: int, function: Optional[Function], depth: int = 0) -> list[Call]:
         """The calls that may have produced the value of `expr`, following variables, helpers,
         conditional expressions and pass-through methods such as `.cuda()` and `.to(device)`."""
@@ -890,8 +896,8 @@ class ModuleModel:
             if call.attr in PASS_THROUGH_METHODS and call.receiver is not None:
                 out.extend(self.origin_calls(call.receiver, call.order, call.function, depth + 1))
             for helper in self.resolve_local_function(call):
-                for returned in helper.returns:
-                    out.extend(self.origin_calls(returned, helper.end_order, helper, depth + 1))
+                for returned, at, inside in self.return_sites(helper):
+                    out.extend(self.origin_calls(returned, at, inside, depth + 1))
             return out
         if dotted_name(expr) is not None:
             out = []

@@ -125,8 +125,8 @@ class LoadWithoutMapLocation(Rule):
                 return [call]
             out: list[Call] = []
             for helper in self.model.resolve_local_function(call):
-                for returned in helper.returns:
-                    out.extend(self._loads_behind(returned, helper.end_order, helper, depth + 1))
+                for returned, at, inside in self.model.return_sites(helper):
+                    out.extend(self._loads_behind(returned, at, inside, depth + 1))
             return out
         if dotted_name(root) is None:
             return []
