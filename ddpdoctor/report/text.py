@@ -151,8 +151,8 @@ def summary(findings: Sequence[Finding], context: "ReportContext") -> Text:
         )
         if by_severity[severity]
     )
-    files = {finding.path for finding in findings if not _is_pseudo_path(finding.path)}
-    where = f" in {plural(len(files), 'file')}" if files else ""
+    paths = {finding.path for finding in findings if not _is_pseudo_path(finding.path)}
+    where = f" in {plural(len(paths), 'file')}" if paths else ""
     text = Text(f"Found {plural(len(findings), 'problem')} ({breakdown}){where}.", style="bold")
     if fixed:
         text.append(" " + fixed.rstrip())
