@@ -13,6 +13,7 @@ from ddpdoctor.lint.rules.base import Rule
 
 HVD_MODULES = ("horovod.torch",)
 DISTRIBUTED_OPTIMIZER = tuple(f"{m}.DistributedOptimizer" for m in HVD_MODULES)
+GPU_COUNT = "torch.cuda.device_count"
 SIZE_CALLS = frozenset(f"{m}.{f}" for m in HVD_MODULES for f in ("size", "local_size", "cross_size"))
 ADASUM = tuple(f"{m}.Adasum" for m in HVD_MODULES)
 
@@ -173,7 +174,7 @@ class HorovodLrNotScaled(Rule):
         return result
 
     def _batch_divided(self) -> bool:
-        """`args.batch_size = int(args.batch_size / hvd.size())`: the per-worker batch is the global
+        """`args.batch_size = int(args.batch_size / hvd.size())` (or `/ torch.cuda.device_count()`): the per-worker batch is the global
         batch divided among the workers, so the global batch (and the learning rate tuned for it)
         stays as it was and no scaling is due."""
         for assignment in self.model.assignments:
@@ -183,10 +184,20 @@ class HorovodLrNotScaled(Rule):
                 if (
                     isinstance(node, cst.BinaryOperation)
                     and isinstance(node.operator, (cst.Divide, cst.FloorDivide))
-                    and mentions_size(self.model, node.right, assignment.order, assignment.function)
+                    and (
+                        mentions_size(self.model, node.right, assignment.order, assignment.function)
+                        or self._counts_gpus(node.right, assignment.order, assignment.function)
+                    )
                 ):
                     return True
         return False
+
+    def _counts_gpus(self, expr: cst.BaseExpression, order: int, function: Optional[Function]) -> bool:
+        """`global_batch // torch.cuda.device_count()`: one worker per GPU of the node, so on the one
+        node such a script is written for the per-worker batch is the global batch divided among the
+        workers. (On several nodes the right multiplier would be the node count, not hvd.size(), so
+        this rule's advice would be wrong either way: it stays silent.)"""
+        return any(c.name == GPU_COUNT for c in self.model.origin_calls(expr, order, function))
 
     def _scaled_later(self) -> bool:
         """`param_group["lr"] = base * hvd.size() * adj` (Horovod's imagenet warmup), or an LR
