@@ -11,10 +11,13 @@ from __future__ import annotations
 
 import os
 import stat
+import sys
 import tempfile
 import tokenize
 from io import BytesIO
 from typing import Callable
+
+from ddpdoctor.lint.files import NotRegular, read_regular
 
 TEMP_PREFIX = ".ddpdoctor-"
 
@@ -35,16 +38,12 @@ def encode_like(original: bytes, text: str) -> bytes:
 
 
 def _read(path: str) -> bytes:
-    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
     try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise WriteError(f"{path}: not a regular file; not written")
-        chunks = []
-        while chunk := os.read(fd, 1 << 20):
-            chunks.append(chunk)
-        return b"".join(chunks)
-    finally:
-        os.close(fd)
+        data = read_regular(path, sys.maxsize)
+    except NotRegular:
+        raise WriteError(f"{path}: not a regular file; not written") from None
+    assert data is not None  # no size limit
+    return data
 
 
 def write_fixed(path: str, still_current: Callable[[bytes], bool], render: Callable[[bytes], bytes]) -> None:
