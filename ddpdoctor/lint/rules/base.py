@@ -16,7 +16,7 @@ import libcst as cst
 from ddpdoctor.catalog import RuleInfo, load_catalog
 from ddpdoctor.findings import Edit, Finding, Fix
 from ddpdoctor.lint.analysis import harness
-from ddpdoctor.lint.analysis import ModuleModel
+from ddpdoctor.lint.analysis import Call, ModuleModel
 
 
 class Rule:
@@ -77,6 +77,17 @@ class Rule:
             position.end.column + 1,
             new_code,
         )
+
+    def insert_line(self, call: Call, statement: str, *, after: bool) -> Optional[Edit]:
+        """An edit that puts `statement` on a line of its own just before or after the statement
+        holding `call`, at its indentation (so it runs on the same path); None where that statement
+        shares its lines with others."""
+        lines = self.model.own_lines(call)
+        if lines is None:
+            return None
+        first, last, indent = lines
+        at = last + 1 if after else first
+        return Edit(at, 1, at, 1, f"{indent}{statement}\n")
 
     def line(self, node: cst.CSTNode) -> int:
         return self.model.line_of(node)

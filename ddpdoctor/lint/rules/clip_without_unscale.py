@@ -6,7 +6,7 @@ from typing import Optional
 
 import libcst as cst
 
-from ddpdoctor.findings import Edit, Fix
+from ddpdoctor.findings import Fix
 from ddpdoctor.lint.analysis import Call, ModuleModel, dotted_name, names_in
 from ddpdoctor.lint.rules.base import Rule
 
@@ -166,17 +166,17 @@ class ClipWithoutUnscale(Rule):
             and not exclusive(self.model, c, clip)
         ]
         optimizers = {dotted_name(c.arg(0, "optimizer")) for c in steps}
-        lines = self.model.own_lines(clip)
-        if len(optimizers) != 1 or None in optimizers or lines is None:
+        if len(optimizers) != 1 or None in optimizers:
             return None
         optimizer = optimizers.pop()
-        first, _, indent = lines
         statement = f"{scaler}.unscale_({optimizer})"
+        edit = self.insert_line(clip, statement, after=False)
+        if edit is None:
+            return None
         clip_guards = {(id(g.test), g.negated) for g in clip.ctx.guards}
         certain = all((id(g.test), g.negated) in clip_guards for g in backward.ctx.guards) and all(
             s.ctx.loops == clip.ctx.loops for s in steps
         )
-        edit = Edit(first, 1, first, 1, f"{indent}{statement}\n")
         return Fix(f"call `{statement}` before clipping", applicable=certain, edits=(edit,))
 
     def _unscales(self, call: Call, depth: int = 0) -> bool:

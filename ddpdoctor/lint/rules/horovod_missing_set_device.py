@@ -6,7 +6,7 @@ from typing import Optional
 
 import libcst as cst
 
-from ddpdoctor.findings import Edit, Fix
+from ddpdoctor.findings import Fix
 from ddpdoctor.lint.analysis import devices, harness, launch
 from ddpdoctor.lint.analysis import Call
 from ddpdoctor.lint.rules.base import Rule
@@ -55,12 +55,12 @@ class HorovodMissingSetDevice(Rule):
         indentation (so under the same conditions), spelled with the module's top-level imports."""
         pin = self.model.spelling("torch.cuda.set_device")
         local_rank = self.model.spelling("horovod.torch.local_rank")
-        lines = self.model.own_lines(init)
-        if pin is None or local_rank is None or lines is None:
+        if pin is None or local_rank is None:
             return None
-        _, last, indent = lines
         statement = f"{pin}({local_rank}())"
-        edit = Edit(last + 1, 1, last + 1, 1, f"{indent}{statement}\n")
+        edit = self.insert_line(init, statement, after=True)
+        if edit is None:
+            return None
         return Fix(f"call `{statement}` right after hvd.init()", applicable=True, edits=(edit,))
 
     def first_cuda_use(self) -> Optional[cst.CSTNode]:

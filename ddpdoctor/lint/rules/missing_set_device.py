@@ -6,7 +6,7 @@ from typing import Optional
 
 import libcst as cst
 
-from ddpdoctor.findings import Edit, Fix
+from ddpdoctor.findings import Fix
 from ddpdoctor.lint.analysis import devices, harness, launch, ranks
 from ddpdoctor.lint.analysis import UNKNOWN, Call, dotted_name
 from ddpdoctor.lint.rules.base import Rule
@@ -68,12 +68,12 @@ class MissingSetDevice(Rule):
         its indentation (so on the same path), when the script holds its local rank there."""
         pin = self.model.spelling("torch.cuda.set_device")
         local_rank = ranks.local_rank_expression(self.model, init.order, init.ctx)
-        lines = self.model.own_lines(init)
-        if pin is None or local_rank is None or lines is None:
+        if pin is None or local_rank is None:
             return None
-        _, last, indent = lines
         statement = f"{pin}({local_rank})"
-        edit = Edit(last + 1, 1, last + 1, 1, f"{indent}{statement}\n")
+        edit = self.insert_line(init, statement, after=True)
+        if edit is None:
+            return None
         return Fix(f"call `{statement}` right after init_process_group", applicable=True, edits=(edit,))
 
     def project_helpers(self) -> tuple[list[tuple[Call, str]], bool]:
