@@ -69,14 +69,14 @@ class HorovodSession:
         return self._ctx
 
     def start(self) -> None:
-        import faulthandler
-
         import horovod.torch as hvd
+
+        from ddpdoctor.probe import stall
 
         if not self.initialized:
             hvd.init()
             self.initialized = True
-        faulthandler.cancel_dump_traceback_later()
+        stall.disarm()
         self._ctx.unsupported = probe_dtypes(hvd)
 
     def stop(self) -> None:

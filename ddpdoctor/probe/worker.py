@@ -206,15 +206,14 @@ def run_rank(
     config: RankConfig, me: Identity, connect: Callable[[], Any], make_session: Callable[[Any], Session]
 ) -> int:
     """The whole life of one rank; returns the probe's exit status (meaningful on rank 0)."""
-    import faulthandler
-
+    from ddpdoctor.probe import stall
     from ddpdoctor.probe.exchange import post_crash
 
     rank_file = new_rank_file(config, me)
     wait_for_siblings(config.out_dir, me.local_world_size)
-    # If start-up stalls (store or process-group creation), leave this rank's Python stack in its
-    # log: the launcher redirects stderr there and the report points at it.
-    faulthandler.dump_traceback_later(config.timeout, repeat=False, file=sys.stderr)
+    # If start-up stalls (store, join or process-group creation), leave this rank's Python stacks
+    # in its log: the launcher redirects stderr there and the report points at it.
+    stall.arm(stall.startup_budget(config.timeout, config.join_timeout))
     store = connect()
     try:
         session = make_session(store)
@@ -236,6 +235,8 @@ def run_rank(
         post_crash(store, me.rank, text)
         rank_file.update(crashed=text[-4000:])
         raise
+    finally:
+        stall.disarm()  # checks that need no process group never reach the session's start
 
 
 def join(store: Any, me: Identity, join_timeout: float) -> None:
@@ -346,11 +347,11 @@ class TorchSession:
         return self._ctx
 
     def start(self) -> None:
-        import faulthandler
         from datetime import timedelta
 
         import torch.distributed as dist
 
+        from ddpdoctor.probe import stall
         from ddpdoctor.probe.checks.base import probe_support
 
         device = self._ctx.device
@@ -359,7 +360,7 @@ class TorchSession:
             self.backend, store=dist.PrefixStore("pg/", self.store), rank=self.me.rank,
             world_size=self.me.world_size, timeout=timedelta(seconds=self._ctx.timeout), **init_kwargs,
         )
-        faulthandler.cancel_dump_traceback_later()
+        stall.disarm()
         self._ctx.unsupported = probe_support(self.backend, device, self.me.world_size)
 
     def stop(self) -> None:

@@ -100,6 +100,7 @@ def test_external_launcher_runs_the_worker_module() -> None:
     )
     assert_no_leftovers(mark)
     assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "start-up still running" not in proc.stderr  # a normal start-up is no stall
     start = proc.stdout.index("{")
     report = json.loads(proc.stdout[start:])
     assert [c["status"] for c in report["checks"]] == ["pass", "pass", "pass"]
