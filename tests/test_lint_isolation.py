@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
+from process_scan import alive, children
 
 from ddpdoctor.cli import main
 from ddpdoctor.config import Settings
@@ -149,29 +150,6 @@ def _lint(cwd: Path, args: list[str]) -> "object":
 # ------------------------------------------------------------------------- workers die with lint
 
 
-def _children(pid: int) -> set[int]:
-    found = set()
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat") as handle:
-                fields = handle.read().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        if int(fields[1]) == pid:
-            found.add(int(entry))
-    return found
-
-
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as handle:
-            return handle.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
-
-
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG and /proc are Linux")
 @pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM], ids=["SIGKILL", "SIGTERM"])
 def test_killing_lint_leaves_no_worker_running(tmp_path: Path, sig: signal.Signals) -> None:
@@ -187,14 +165,14 @@ def test_killing_lint_leaves_no_worker_running(tmp_path: Path, sig: signal.Signa
         workers: set[int] = set()
         while len(workers) < 2 and time.monotonic() < deadline and process.poll() is None:
             time.sleep(0.05)
-            workers = _children(process.pid)
+            workers = children(process.pid)
         assert len(workers) >= 2, "the workers never started"
         process.send_signal(sig)
         process.wait(timeout=30)
         deadline = time.monotonic() + 10
-        while any(_alive(pid) for pid in workers) and time.monotonic() < deadline:
+        while any(alive(pid) for pid in workers) and time.monotonic() < deadline:
             time.sleep(0.05)
-        assert not [pid for pid in workers if _alive(pid)]
+        assert not [pid for pid in workers if alive(pid)]
     finally:
         if process.poll() is None:
             process.kill()

@@ -24,6 +24,7 @@ from ddpdoctor.guard.doctor import Doctor
 from ddpdoctor.guard.launch_args import DEFAULT_HOST, AddressError, multinode_store, parse_address
 from ddpdoctor.guard.options import ACTIVE_ENV, ENV, GuardOptions
 from ddpdoctor.guard.server import SideChannel
+from ddpdoctor.procfs import session_members
 
 BOOTSTRAP_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "bootstrap")
 TICK_S = 0.25
@@ -165,27 +166,6 @@ def _signal_session(pgid: int, signum: int) -> None:
             os.kill(pid, signum)
         except OSError:
             pass
-
-
-def session_members(sid: int) -> list[int]:
-    """Live processes of session `sid`, found through /proc (Linux)."""
-    found: list[int] = []
-    try:
-        names = os.listdir("/proc")
-    except OSError:
-        return found
-    for name in names:
-        if not name.isdigit():
-            continue
-        try:
-            with open(f"/proc/{name}/stat") as handle:
-                stat = handle.read()
-        except OSError:
-            continue
-        fields = stat[stat.rfind(")") + 2:].split()
-        if len(fields) > 3 and fields[0] != "Z" and fields[3] == str(sid):
-            found.append(int(name))
-    return found
 
 
 def _kill_session(sid: int) -> None:

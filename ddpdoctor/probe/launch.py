@@ -20,7 +20,8 @@ import uuid
 from typing import Any, Iterator
 
 from ddpdoctor.probe.config import RankConfig
-from ddpdoctor.probe.procs import SIGNALS_FOR_TORCH_ELASTIC, Watchdog, alive, children, interruptible, read_rank_files
+from ddpdoctor.probe.procs import SIGNALS_FOR_TORCH_ELASTIC, Watchdog, alive, interruptible, read_rank_files
+from ddpdoctor.procfs import children
 from ddpdoctor.probe.registry import checks_for
 from ddpdoctor.probe.results import LaunchOutcome
 

@@ -13,6 +13,7 @@ from types import FrameType
 from typing import Any, Iterator, Optional
 
 from ddpdoctor.probe.results import LaunchOutcome
+from ddpdoctor.procfs import descendants, read_stat
 
 # How long a still-running rank may lag behind finished ones before it counts as hung (scaled by
 # the oversubscription: 16 ranks on 2 cores finish far apart without anyone hanging).
@@ -21,54 +22,15 @@ GRACE_S = 2.0
 SIGNALS_FOR_TORCH_ELASTIC = "SIGTERM,SIGHUP,SIGQUIT"
 
 
-def _ppid(pid: int) -> Optional[int]:
-    try:
-        with open(f"/proc/{pid}/stat") as fh:
-            stat = fh.read()
-        return int(stat[stat.rfind(")") + 2:].split()[1])
-    except (OSError, ValueError, IndexError):
-        return None
-
-
-def children(pid: int) -> list[int]:
-    found: list[int] = []
-    try:
-        names = os.listdir("/proc")
-    except OSError:
-        return found
-    for name in names:
-        if name.isdigit() and _ppid(int(name)) == pid:
-            found.append(int(name))
-    return found
-
-
-def descendants(pid: int) -> list[int]:
-    """Every process below `pid` (Horovod's runner puts a shell and a middleman between us and a rank)."""
-    try:
-        names = [int(n) for n in os.listdir("/proc") if n.isdigit()]
-    except OSError:
-        return []
-    parents = {p: _ppid(p) for p in names}
-    found: list[int] = []
-    frontier = {pid}
-    while frontier:
-        kids = [p for p, pp in parents.items() if pp in frontier and p not in found]
-        found.extend(kids)
-        frontier = set(kids)
-    return found
-
-
 def alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as fh:
-            stat = fh.read()
-        return stat[stat.rfind(")") + 2] != "Z"
+    stat = read_stat(pid)
+    if stat is not None:
+        return not stat.zombie
+    try:  # no /proc here: ask the kernel whether the pid exists
+        os.kill(pid, 0)
+        return True
     except OSError:
-        try:
-            os.kill(pid, 0)
-            return True
-        except OSError:
-            return False
+        return False
 
 
 def kill(pid: int) -> None:

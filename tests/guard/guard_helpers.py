@@ -13,6 +13,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
+import process_scan
+
 REPO = Path(__file__).resolve().parents[2]
 FIXTURES = REPO / "fixtures" / "guard"
 GUARD = [sys.executable, "-m", "ddpdoctor", "guard"]
@@ -38,22 +40,7 @@ def guard_env(mark: str) -> dict[str, str]:
 
 
 def marked_processes(mark: str) -> list[int]:
-    needle = f"{MARK_VAR}={mark}".encode()
-    found = []
-    for name in os.listdir("/proc"):
-        if not name.isdigit() or int(name) == os.getpid():
-            continue
-        try:
-            with open(f"/proc/{name}/environ", "rb") as handle:
-                if needle not in handle.read().split(b"\0"):
-                    continue
-            with open(f"/proc/{name}/stat") as handle:
-                stat = handle.read()
-        except OSError:
-            continue
-        if stat[stat.rfind(")") + 2] != "Z":
-            found.append(int(name))
-    return found
+    return process_scan.marked_processes(MARK_VAR, mark)
 
 
 @dataclass

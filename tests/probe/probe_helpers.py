@@ -14,6 +14,8 @@ import uuid
 from pathlib import Path
 from typing import Any, Optional
 
+from process_scan import marked_processes
+
 REPO = Path(__file__).resolve().parents[2]
 PROBE = [sys.executable, "-c", "from ddpdoctor.probe.command import probe; probe()"]
 
@@ -33,21 +35,7 @@ def probe_env(mark: str) -> dict[str, str]:
 
 
 def processes_with_mark(mark: str) -> list[int]:
-    found = []
-    needle = f"DDPDOCTOR_TEST_MARK={mark}".encode()
-    for name in os.listdir("/proc"):
-        if not name.isdigit() or int(name) == os.getpid():
-            continue
-        try:
-            with open(f"/proc/{name}/environ", "rb") as fh:
-                if needle in fh.read().split(b"\0"):
-                    with open(f"/proc/{name}/stat") as st:
-                        stat = st.read()
-                    if stat[stat.rfind(")") + 2] != "Z":
-                        found.append(int(name))
-        except OSError:
-            continue
-    return found
+    return marked_processes("DDPDOCTOR_TEST_MARK", mark)
 
 
 def assert_no_leftovers(mark: str) -> None:

@@ -14,6 +14,7 @@ import time
 import uuid
 
 import pytest
+from process_scan import children
 
 from probe_helpers import (PROBE, REPO, assert_no_leftovers, bad_ranks, free_port, interrupt_probe, probe_env,
                            processes_with_mark, run_probe)
@@ -145,9 +146,9 @@ def test_killed_node_is_reported_by_the_other_within_its_timeout() -> None:
     # Rank 2 (on node 1) stalls at liveness, so node 1 is certainly still mid-run when killed.
     node1 = _start_node(1, port, mark, "--inject-fault", "hang:2")
     deadline = time.monotonic() + 60
-    while time.monotonic() < deadline and len(_children(node1.pid)) < 2:
+    while time.monotonic() < deadline and len(children(node1.pid)) < 2:
         time.sleep(0.05)
-    assert len(_children(node1.pid)) >= 2, "node 1 never started its ranks"
+    assert len(children(node1.pid)) >= 2, "node 1 never started its ranks"
     time.sleep(0.5)
     killed_at = time.monotonic()
     node1.send_signal(signal.SIGKILL)
@@ -161,20 +162,6 @@ def test_killed_node_is_reported_by_the_other_within_its_timeout() -> None:
     assert failing, report["verdict"]
     assert bad_ranks(failing[0]) == [2, 3]
     assert took < 20
-
-
-def _children(pid: int) -> list[int]:
-    kids = []
-    for name in os.listdir("/proc"):
-        if name.isdigit():
-            try:
-                with open(f"/proc/{name}/stat") as fh:
-                    stat = fh.read()
-                if int(stat[stat.rfind(")") + 2:].split()[1]) == pid:
-                    kids.append(int(name))
-            except (OSError, ValueError):
-                pass
-    return kids
 
 
 def test_processes_with_mark_finds_live_processes() -> None:
