@@ -176,3 +176,22 @@ def test_clipping_summary() -> None:
     found = summaries.clipping(model, fn["global_model"])
     assert found is not None and found.params == frozenset()  # `net` is no parameter
     assert summaries.clipping(model, fn["step"]) is None
+
+
+def test_unscales_summary() -> None:
+    from ddpdoctor.lint.analysis import summaries
+
+    model = model_of(
+        """
+        def unscale(scaler, optimizer):
+            scaler.unscale_(optimizer)
+        def prepare(scaler, optimizer):
+            unscale(scaler, optimizer)
+        def step(scaler, optimizer):
+            scaler.step(optimizer)
+        """
+    )
+    fn = {f.name: f for f in model.functions}
+    assert summaries.unscales(model, fn["unscale"])
+    assert summaries.unscales(model, fn["prepare"])  # through its own helper
+    assert not summaries.unscales(model, fn["step"])  # step unscales internally, but after any clip

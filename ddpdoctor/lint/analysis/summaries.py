@@ -151,3 +151,14 @@ def clipping(model: ModuleModel, function: Function) -> Optional[Clipping]:
             params.add(name)
     unscales_first = any(c.attr == "unscale_" and c.order < first.order for c in function.calls)
     return Clipping(first, frozenset(params), unscales_first)
+
+
+def unscales(model: ModuleModel, function: Function, depth: int = 0) -> bool:
+    """`function` calls `GradScaler.unscale_` in its body, directly or through a helper of its own
+    module (a few calls deep): called between a scaled backward and a clip, it unscales the gradients."""
+    for call in function.calls:
+        if call.attr == "unscale_":
+            return True
+        if depth < 2 and any(unscales(model, helper, depth + 1) for helper in model.resolve_local_function(call)):
+            return True
+    return False

@@ -240,13 +240,11 @@ class ClipWithoutUnscale(Rule):
         )
         return Fix(f"call `{statement}` before clipping", applicable=certain, edits=(edit,))
 
-    def _unscales(self, call: Call, depth: int = 0) -> bool:
-        """`scaler.unscale_(opt)`, or a local helper that calls it."""
+    def _unscales(self, call: Call) -> bool:
+        """`scaler.unscale_(opt)`, or a helper of this module or another project module that calls it."""
         if call.attr == "unscale_":
             return True
-        if depth > 2:
-            return False
-        for helper in self.model.resolve_local_function(call):
-            if any(self._unscales(inner, depth + 1) for inner in helper.calls):
-                return True
-        return False
+        if any(summaries.unscales(self.model, helper) for helper in self.model.resolve_local_function(call)):
+            return True
+        linked = self.model.linked_function(call) if not (call.name or "").startswith("torch.") else None
+        return linked is not None and summaries.unscales(*linked)
