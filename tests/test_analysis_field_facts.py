@@ -233,3 +233,54 @@ def test_n_gpu_idiom_through_a_helper_parameter(value: str, expected: Runs) -> N
     """
     model = build(source)
     assert who_runs(model, target(model)).runs is expected
+
+
+# ---- facts moved out of rules (issue 10: a rule never walks the tree itself)
+
+
+@pytest.mark.parametrize(
+    ("path", "expected"),
+    [
+        ("f'ckpt_node{args.nr}.pt'", True),
+        ("f'ckpt_{socket.gethostname()}.pt'", True),
+        ("node_path", True),  # followed through the variable
+        ("f'ckpt_{args.epoch}.pt'", False),
+        ("'ckpt.pt'", False),
+    ],
+)
+def test_names_the_node(path: str, expected: bool) -> None:
+    source = f"""\
+    import socket
+    args = argparse.Namespace()
+    node_rank = int(os.environ["GROUP_RANK"])
+    node_path = f"ckpt_{{node_rank}}.pt"
+    target({path})
+    """
+    model = build(source)
+    call = target(model)
+    value = call.arg(0)
+    assert value is not None
+    assert ranks.names_the_node(model, value, call.order, call.function) is expected
+
+
+@pytest.mark.parametrize(
+    ("expr", "expected"),
+    [("model.state_dict()", True), ("self.net", True), ("params", True), ("optimizer.zero_grad()", False), ("1", False)],
+)
+def test_mentions_identifier(expr: str, expected: bool) -> None:
+    from ddpdoctor.lint.analysis import syntax
+
+    node = cst.parse_expression(expr)
+    assert syntax.mentions_identifier(node, ("state_dict", "model", "net", "params")) is expected
+
+
+@pytest.mark.parametrize(
+    ("expr", "divisors"),
+    [("(i + 1) % accum == 0", ["accum"]), ("i % 2 == 0 and step % args.k == 1", ["2", "args.k"]), ("i == 0", [])],
+)
+def test_modulo_divisors(expr: str, divisors: list[str]) -> None:
+    from ddpdoctor.lint.analysis import syntax
+
+    module = cst.Module(body=[])
+    found = [module.code_for_node(d) for d in syntax.modulo_divisors(cst.parse_expression(expr))]
+    assert sorted(found) == sorted(divisors)

@@ -77,3 +77,59 @@ def test_the_layering_check_catches_an_upward_import(tmp_path: pathlib.Path) -> 
 def test_rules_ask_containment_through_syntax_contains(path: pathlib.Path) -> None:
     # `order < x < end_order` is answered in one place (syntax.contains), not re-derived per rule.
     assert "end_order" not in path.read_text(encoding="utf-8"), f"{path.name} compares end_order itself"
+
+
+# What walks the syntax tree: the analysis layer's walking helpers, libcst's own visitors and matchers,
+# and a node's `children`. A rule asks the analysis layer a question instead (`names_in`, which only
+# lists the names an expression reads, and reading a call's own arguments are questions, not walks).
+WALKING_NAMES = frozenset({"walk", "child_fields"})
+WALKING_ATTRIBUTES = frozenset({"walk", "child_fields", "children", "visit"})
+
+
+def tree_walks(source: str) -> list[str]:
+    """Where a rule's source walks the syntax tree itself, as `line: what`."""
+    out: list[str] = []
+    for node in ast.walk(ast.parse(source)):
+        line = getattr(node, "lineno", 0)
+        if isinstance(node, ast.ImportFrom) and node.module is not None:
+            if node.module.startswith("libcst.matchers"):
+                out.append(f"{line}: imports {node.module}")
+            out.extend(f"{line}: imports {a.name}" for a in node.names if a.name in WALKING_NAMES)
+        elif isinstance(node, ast.Import):
+            out.extend(f"{line}: imports {a.name}" for a in node.names if a.name.startswith("libcst.matchers"))
+        elif isinstance(node, ast.Name) and node.id in WALKING_NAMES:
+            out.append(f"{line}: {node.id}")
+        elif isinstance(node, ast.Attribute) and node.attr in WALKING_ATTRIBUTES:
+            out.append(f"{line}: .{node.attr}")
+        elif isinstance(node, ast.ClassDef):
+            for base in node.bases:
+                name = base.attr if isinstance(base, ast.Attribute) else getattr(base, "id", "")
+                if name.endswith(("Visitor", "Transformer")):
+                    out.append(f"{line}: class {node.name}({name})")
+    return out
+
+
+@pytest.mark.parametrize("path", sorted(RULES.glob("*.py")), ids=lambda p: p.stem)
+def test_rules_do_not_walk_the_tree(path: pathlib.Path) -> None:
+    assert tree_walks(path.read_text(encoding="utf-8")) == [], f"{path.name} walks the syntax tree itself"
+
+
+@pytest.mark.parametrize(
+    "source",
+    [
+        "from ddpdoctor.lint.analysis import walk\n",
+        "from ddpdoctor.lint.analysis import syntax\nnodes = list(syntax.walk(expr))\n",
+        "stack = [expr]\nstack.extend(stack.pop().children)\n",
+        "import libcst.matchers as m\n",
+        "import libcst as cst\nclass Finder(cst.CSTVisitor):\n    pass\n",
+        "module.visit(finder)\n",
+    ],
+)
+def test_the_walk_check_catches_a_walk(source: str) -> None:
+    assert tree_walks(source) != []
+
+
+def test_the_walk_check_lets_questions_through() -> None:
+    # Reading a call's arguments and asking for the names an expression reads are not walks.
+    source = "from ddpdoctor.lint.analysis import names_in\nnames = list(names_in(call.arg(0)))\nfirst = call.args[0].value\n"
+    assert tree_walks(source) == []

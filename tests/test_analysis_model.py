@@ -137,3 +137,61 @@ def test_function_summaries() -> None:
     assert found is not None and found[1] == "path"
     for name in ("save_guarded", "serialise", "shard", "evaluate"):
         assert summaries.unguarded_save(model, fn[name]) is None, name
+
+
+def test_clipping_summary() -> None:
+    from ddpdoctor.lint.analysis import summaries
+
+    model = model_of(
+        """
+        import torch
+        from torch.nn.utils import clip_grad_value_
+        def clip(model, max_norm):
+            torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
+        def clip_params(params, encoder):
+            clip_grad_value_(params, 0.5)
+            torch.nn.utils.clip_grad_norm_(encoder.parameters(), 1.0)
+        def unscale_then_clip(scaler, optimizer, model):
+            scaler.unscale_(optimizer)
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        def clip_then_unscale(scaler, optimizer, model):
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            scaler.unscale_(optimizer)
+        def global_model():
+            torch.nn.utils.clip_grad_norm_(net.parameters(), 1.0)
+        def step(optimizer):
+            optimizer.step()
+        """
+    )
+    fn = {f.name: f for f in model.functions}
+    found = summaries.clipping(model, fn["clip"])
+    assert found is not None and found.params == {"model"} and not found.unscales_first
+    assert model.line_of(found.clip.node) == 5
+    found = summaries.clipping(model, fn["clip_params"])
+    assert found is not None and found.params == {"params", "encoder"} and found.clip.name == "torch.nn.utils.clip_grad_value_"
+    found = summaries.clipping(model, fn["unscale_then_clip"])
+    assert found is not None and found.unscales_first
+    found = summaries.clipping(model, fn["clip_then_unscale"])
+    assert found is not None and not found.unscales_first  # the clip already saw scaled gradients
+    found = summaries.clipping(model, fn["global_model"])
+    assert found is not None and found.params == frozenset()  # `net` is no parameter
+    assert summaries.clipping(model, fn["step"]) is None
+
+
+def test_unscales_summary() -> None:
+    from ddpdoctor.lint.analysis import summaries
+
+    model = model_of(
+        """
+        def unscale(scaler, optimizer):
+            scaler.unscale_(optimizer)
+        def prepare(scaler, optimizer):
+            unscale(scaler, optimizer)
+        def step(scaler, optimizer):
+            scaler.step(optimizer)
+        """
+    )
+    fn = {f.name: f for f in model.functions}
+    assert summaries.unscales(model, fn["unscale"])
+    assert summaries.unscales(model, fn["prepare"])  # through its own helper
+    assert not summaries.unscales(model, fn["step"])  # step unscales internally, but after any clip

@@ -37,6 +37,7 @@ import torch.distributed as dist
 def pin():
     torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
 dist.init_process_group("nccl")
+dist.barrier()
 """
 
 
@@ -160,11 +161,12 @@ import os
 import torch
 import torch.distributed as dist
 dist.init_process_group("gloo" if args.cpu else "nccl")
+dist.barrier()
 """
 
 
 def test_ddp011_conditional_backend_followed_on_both_arms() -> None:
-    # One arm is NCCL: that run needs its device pinned.
+    # One arm is NCCL: that run needs its device pinned (its barrier uses the current device).
     assert lines(BACKEND_IFEXP, "DDP011") == [4]
 
 

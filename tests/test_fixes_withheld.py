@@ -73,6 +73,7 @@ import torch.distributed as dist
 dist.init_process_group("nccl")
 device_id = dist.get_rank() % torch.cuda.device_count()
 model = torch.nn.Linear(4, 4).cuda(device_id)
+dist.barrier()
 """,
     ),
     "DDP011 argparse --local_rank only (torchrun passes no such argument)": (
@@ -87,6 +88,7 @@ parser.add_argument("--local_rank", type=int, default=0)
 args = parser.parse_args()
 dist.init_process_group("nccl")
 model = torch.nn.Linear(4, 4).cuda(args.local_rank)
+dist.barrier()
 """,
     ),
     "DDP003 no local rank anywhere (only the global rank)": (

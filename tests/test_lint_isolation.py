@@ -24,8 +24,8 @@ from ddpdoctor.config import Settings
 from ddpdoctor.lint.engine import lint_paths, lint_source
 from ddpdoctor.lint.workers import run_tasks
 
-# Enough for two rules to fire (AMP001 at line 6, DDP011 at line 5): a file analysed to the end
-# shows both, a file given up shows one DDP999.
+# Enough for two rules to fire (AMP001 at line 6, DDP011 at line 5, for the barrier of line 7): a
+# file analysed to the end shows both, a file given up shows one DDP999.
 HEADER = (
     "import torch\n"
     "import torch.distributed as dist\n"
@@ -33,6 +33,7 @@ HEADER = (
     "from torch.utils.data import DistributedSampler\n"
     "dist.init_process_group('nccl')\n"
     "scaler = torch.cuda.amp.GradScaler()\n"
+    "dist.barrier()\n"
 )
 ANALYSED = ["AMP001", "DDP011"]
 ALL = Settings(select=("ALL",))
@@ -66,7 +67,7 @@ def test_nesting_python_refuses_is_ddp999_not_a_wrong_finding() -> None:
     source = HEADER + "x = " + "(" * 1000 + "1" + ")" * 1000 + "\n"
     with pytest.raises(SyntaxError):
         compile(source, "t.py", "exec")
-    assert messages(source) == ["DDP999 7 too deeply nested for the parser (too many nested parentheses)"]
+    assert messages(source) == ["DDP999 8 too deeply nested for the parser (too many nested parentheses)"]
 
 
 def test_a_6000_link_attribute_chain_is_refused_at_once_not_a_segfault(tmp_path: Path) -> None:

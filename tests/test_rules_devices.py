@@ -278,8 +278,9 @@ def test_ddp011_silent(source: str) -> None:
 )
 def test_ddp011_conditional_backend_with_an_nccl_arm(backend: str) -> None:
     # Issue 10: both arms are followed; the run that takes the NCCL arm needs its GPU pinned.
-    assert len(findings(f"dist.init_process_group({backend})\n", "DDP011")) == 1
-    assert findings(f"dist.init_process_group({backend.replace('nccl', 'mpi')})\n", "DDP011") == []
+    consumer = "dist.barrier()\n"  # issue 10: only a use of the current device makes a finding
+    assert len(findings(f"dist.init_process_group({backend})\n" + consumer, "DDP011")) == 1
+    assert findings(f"dist.init_process_group({backend.replace('nccl', 'mpi')})\n" + consumer, "DDP011") == []
 
 
 def test_ddp011_spawn_target_counts_as_called() -> None:
@@ -287,6 +288,7 @@ def test_ddp011_spawn_target_counts_as_called() -> None:
     def worker(rank, world_size):
         dist.init_process_group("nccl", rank=rank, world_size=world_size)
         model = DDP(model.to(rank), device_ids=[rank])
+        dist.barrier()
 
     mp.spawn(worker, args=(2,), nprocs=2)
     """

@@ -10,9 +10,10 @@ from typing import Optional, Union
 
 import libcst as cst
 
+from ddpdoctor.lint.analysis.harness import in_test_case
 from ddpdoctor.lint.analysis.launch import DDP_CLASS, INIT_PROCESS_GROUP, runs_in_module
 from ddpdoctor.lint.analysis.model import MAX_DEPTH, Assignment, Call, Function, ModuleModel
-from ddpdoctor.lint.analysis.ranks import rank_source
+from ddpdoctor.lint.analysis.ranks import Runs, rank_source, who_runs
 from ddpdoctor.lint.analysis.syntax import dotted_name, walk
 
 BARRIER = "torch.distributed.barrier"
@@ -237,6 +238,110 @@ def _device_index_of(
     if ints or dotted_name(value) is not None:
         return [DeviceIndex("expr", value, order, function)]
     return [DeviceIndex("other", value, order, function)]
+
+
+# ------------------------------------------------------------------ uses of the current CUDA device
+
+# Object collectives stage the pickled object in a tensor on `torch.cuda.current_device()` when the
+# group is NCCL (`_get_object_coll_device` answers the device type "cuda", no index; torch's
+# docstrings: "it is the user's responsibility to ensure that this is set so that each rank has an
+# individual GPU, via torch.cuda.set_device()"). The point-to-point and broadcast forms take a
+# `device=` that overrides it.
+OBJECT_COLLECTIVES = frozenset(
+    f"torch.distributed.{name}"
+    for name in ("all_gather_object", "gather_object", "broadcast_object_list", "scatter_object_list",
+                 "send_object_list", "recv_object_list")
+)
+_OBJECT_COLLECTIVES_WITH_DEVICE = frozenset(
+    f"torch.distributed.{name}" for name in ("broadcast_object_list", "send_object_list", "recv_object_list")
+)
+# `torch.cuda.X()` with no device argument acts on the current device, and opens a CUDA context
+# there: `synchronize()` waits on GPU 0 (not on the rank's own work), `mem_get_info()` asks the
+# driver about GPU 0, `current_device()` answers 0. Deliberately absent: `empty_cache()` (it empties
+# the cache of every device), the allocator's counters (`memory_allocated()`, `max_memory_reserved()`:
+# no context is opened, and the rank that usually logs them, rank 0, is on GPU 0 anyway),
+# `torch.load` without `map_location` (it restores each tensor to the index it was saved from, not
+# to the current device: another rule's business), `init_process_group` without `device_id`
+# (NCCL communicators are created lazily under a guard for the device of the tensors involved).
+CURRENT_DEVICE = "torch.cuda.current_device"
+_CURRENT_DEVICE_QUERIES = frozenset({"torch.cuda.synchronize", "torch.cuda.mem_get_info"})
+
+
+@dataclass(frozen=True)
+class CurrentDeviceUse:
+    """A place where the process relies on its current CUDA device: what lands there or is asked of
+    it is GPU 0 in every rank unless the device is pinned (`torch.cuda.set_device`)."""
+
+    call: Call
+    what: str  # how a message names it: "bare .cuda()", "dist.barrier() without device_ids", ...
+
+
+def current_device_uses(model: ModuleModel) -> list[CurrentDeviceUse]:
+    """Where the module uses the current CUDA device implicitly, in the order written: a bare
+    `.cuda()`, a `"cuda"` device without an index reaching `.to()`, `.cuda()`, `device=` of a torch
+    call or `map_location=` (`torch.device("cuda")`, `"cuda" if available else "cpu"`, through
+    variables), `torch.cuda.current_device()`, `torch.cuda.synchronize()` / `mem_get_info()` without
+    a device, the object collectives (without `device=`), and `dist.barrier()` without `device_ids`
+    (since torch 2.4 it allocates its one-element tensor on the current device, and before that it
+    guessed the GPU from the global rank). Not counted: code that runs only on rank 0 (rank 0 is
+    local rank 0 under every launcher, so GPU 0 is its own) or only in a single-process run, helpers
+    nothing here runs, and unit-test classes."""
+
+    def compute() -> list[CurrentDeviceUse]:
+        out: list[CurrentDeviceUse] = []
+        for call in model.calls:
+            what = _current_device_use(model, call)
+            if what is None or not runs_in_module(model, call.function) or in_test_case(call):
+                continue
+            if who_runs(model, call).runs in (Runs.RANK0, Runs.SINGLE):
+                continue
+            out.append(CurrentDeviceUse(call, what))
+        return out
+
+    return model.memoized(("current_device_uses",), compute, [])
+
+
+def _current_device_use(model: ModuleModel, call: Call) -> Optional[str]:
+    name = call.name
+    if name == BARRIER:
+        return None if call.arg(keyword="device_ids") is not None else "dist.barrier() without device_ids"
+    if name in OBJECT_COLLECTIVES:
+        if name in _OBJECT_COLLECTIVES_WITH_DEVICE and call.arg(keyword="device") is not None:
+            return None
+        return f"dist.{name.rsplit('.', 1)[-1]}()"
+    if name == CURRENT_DEVICE:
+        return f"{name}()"
+    if name in _CURRENT_DEVICE_QUERIES:
+        return None if call.arg(0, "device") is not None else f"{name}() without a device"
+    if name is None and isinstance(call.node.func, cst.Attribute) and call.attr in ("cuda", "to"):
+        expr = call.arg(0, "device")
+        if expr is None:
+            return "bare .cuda()" if call.attr == "cuda" else None
+        if not _names_bare_cuda(model, expr, call):
+            return None
+        return f'.{call.attr}({_shown(model, expr)}) without a device index'
+    for keyword in ("device", "map_location"):
+        expr = call.arg(keyword=keyword)
+        if expr is None or (keyword == "device" and not (name or "").startswith("torch.")):
+            continue  # `device=` of a project function: where it is used decides
+        if _names_bare_cuda(model, expr, call):
+            return f"{keyword}={_shown(model, expr)} without a device index"
+    return None
+
+
+def _shown(model: ModuleModel, expr: cst.BaseExpression) -> str:
+    """Short source text of an argument for a message (`device`, `"cuda"`), else `...`."""
+    code = model.code_of(expr)
+    return code if len(code) <= 40 and "\n" not in code else "..."
+
+
+def _names_bare_cuda(model: ModuleModel, expr: cst.BaseExpression, call: Call) -> bool:
+    """Some value of a device argument is the CUDA device type with no index (`"cuda"`,
+    `torch.device("cuda")`), followed through variables and both arms of a conditional."""
+    for index in device_indices(model, expr, call.order, call.function, ints=True):
+        if index.kind == "other" and isinstance(index.node, cst.SimpleString) and index.node.evaluated_value == "cuda":
+            return True
+    return False
 
 
 # ------------------------------------------------------------------ does the script use CUDA at all

@@ -12,7 +12,7 @@ from typing import Optional
 
 import libcst as cst
 
-from ddpdoctor.lint.analysis.model import Call, Function, ModuleModel
+from ddpdoctor.lint.analysis.model import MAX_DEPTH, Assignment, Call, Function, ModuleModel
 from ddpdoctor.lint.analysis.syntax import dotted_name, walk
 
 INIT_PROCESS_GROUP = "torch.distributed.init_process_group"
@@ -20,6 +20,11 @@ DDP_CLASS = "torch.nn.parallel.DistributedDataParallel"
 HOROVOD_INIT_CALLS = frozenset(
     {"horovod.torch.init", "horovod.tensorflow.init", "horovod.keras.init", "horovod.tensorflow.keras.init"}
 )
+# The number of Horovod workers (and its per-node and cross-node factors).
+HOROVOD_SIZE_CALLS = frozenset(
+    f"{module}.{function}" for module in ("horovod.torch",) for function in ("size", "local_size", "cross_size")
+)
+GPU_COUNT = "torch.cuda.device_count"
 SPAWN_CALLS = frozenset({"torch.multiprocessing.spawn", "torch.multiprocessing.start_processes"})
 # Words one of which a multi-process script's source contains (the engine's cheap pre-filter).
 LAUNCH_WORDS = (
@@ -258,3 +263,121 @@ def multinode_evidence(model: ModuleModel) -> Optional[cst.CSTNode]:
 
     return model.memoized(("multinode_evidence",), compute, None)
 
+
+
+# ------------------------------------------------------------ values built from the number of workers
+
+SCALED, UNSCALED, UNKNOWN_SCALING = "scaled", "unscaled", "unknown"
+
+
+def mentions_calls(
+    model: ModuleModel, node: Optional[cst.CSTNode], names: frozenset[str], order: int, function: Optional[Function],
+    depth: int = 0,
+) -> bool:
+    """True when a call to one of `names` (`hvd.size()`) is part of an expression, followed through
+    variables (`lr *= hvd.size()` included), helper parameters to their call sites, and the bodies of
+    local functions it names (an `lr_lambda=warmup` scheduler function)."""
+    if node is None or depth > MAX_DEPTH:
+        return False
+    stack: list[cst.CSTNode] = [node]
+    while stack:
+        current = stack.pop()
+        if isinstance(current, cst.Call) and model.qualify(current.func) in names:
+            return True
+        if isinstance(current, (cst.Name, cst.Attribute)) and dotted_name(current) is not None:
+            name = dotted_name(current) or ""
+            for value in model.reaching_values(current, order, function):
+                if value is not current and mentions_calls(model, value, names, order, function, depth + 1):
+                    return True
+            for value, v_order, v_function in model.leaf_values(current, order, function):
+                if value is not current and mentions_calls(model, value, names, v_order, v_function, depth + 1):
+                    return True
+            if any(any(c.name in names for c in local.calls) for local in model.functions_named(name)):
+                return True
+            continue
+        stack.extend(c for c in current.children if not isinstance(c, cst.BaseParenthesizableWhitespace))
+    return False
+
+
+def mentions_names(model: ModuleModel, node: cst.CSTNode, names: frozenset[str]) -> bool:
+    """True when an expression reads one of the import-resolved `names` (`op=hvd.Adasum`, also inside
+    `hvd.Adasum if args.use_adasum else hvd.Average`)."""
+    return any(model.qualify(current) in names for current in walk(node) if isinstance(current, (cst.Name, cst.Attribute)))
+
+
+def scaling_by(
+    model: ModuleModel, expr: cst.BaseExpression, names: frozenset[str], order: int, function: Optional[Function],
+    depth: int = 0,
+) -> str:
+    """Whether a numeric value (a learning rate) is multiplied by one of the calls `names`: SCALED
+    when such a call is part of it on some path, UNSCALED when the value is fully known (literals,
+    argparse defaults used as they are) and has no such factor, UNKNOWN_SCALING otherwise (a config
+    object, a function outside the project)."""
+    if depth > MAX_DEPTH:
+        return UNKNOWN_SCALING
+    if mentions_calls(model, expr, names, order, function):
+        return SCALED
+    if isinstance(expr, (cst.Integer, cst.Float)):
+        return UNSCALED
+    if isinstance(expr, cst.UnaryOperation):
+        return scaling_by(model, expr.expression, names, order, function, depth + 1)
+    if isinstance(expr, cst.BinaryOperation):
+        return _combine_scaling(
+            scaling_by(model, expr.left, names, order, function, depth + 1),
+            scaling_by(model, expr.right, names, order, function, depth + 1),
+        )
+    if isinstance(expr, cst.IfExp):
+        # `base * hvd.size() if not args.use_adasum else base`: scaled on the sum/average path.
+        return _combine_scaling(
+            scaling_by(model, expr.body, names, order, function, depth + 1),
+            scaling_by(model, expr.orelse, names, order, function, depth + 1),
+        )
+    if isinstance(expr, cst.Call):
+        if dotted_name(expr.func) in ("float", "int") and len(expr.args) == 1:
+            return scaling_by(model, expr.args[0].value, names, order, function, depth + 1)
+        return UNKNOWN_SCALING
+    if dotted_name(expr) is None:
+        return UNKNOWN_SCALING
+    verdicts = []
+    for value, v_order, v_function in model.leaf_values(expr, order, function):
+        value_name = dotted_name(value)
+        if value_name is not None:
+            # A name that cannot be followed further. `args.lr` straight from the command line is
+            # the value the user typed; anything else (a config object) is unknown.
+            known = "." in value_name and model.argparse_default(value_name) is not None
+            verdicts.append(UNSCALED if known else UNKNOWN_SCALING)
+        else:
+            verdicts.append(scaling_by(model, value, names, v_order, v_function, depth + 1))
+    if not verdicts:
+        return UNKNOWN_SCALING
+    result = verdicts[0]
+    for verdict in verdicts[1:]:
+        result = _combine_scaling(result, verdict)
+    return result
+
+
+def _combine_scaling(left: str, right: str) -> str:
+    if SCALED in (left, right):
+        return SCALED
+    if UNKNOWN_SCALING in (left, right):
+        return UNKNOWN_SCALING
+    return UNSCALED
+
+
+def batch_divided_among_workers(model: ModuleModel, worker_counts: frozenset[str]) -> Optional[Assignment]:
+    """An assignment to a batch size that divides by the number of workers
+    (`args.batch_size = int(args.batch_size / hvd.size())`) or by the node's GPU count
+    (`batch_size // torch.cuda.device_count()`, one worker per GPU): the per-worker batch is a global
+    batch shared among the workers, so the global batch stays what it was."""
+    divisors = worker_counts | {GPU_COUNT}
+    for assignment in model.assignments:
+        if "batch" not in assignment.target.rsplit(".", 1)[-1].lower() or assignment.value is None:
+            continue
+        for node in walk(assignment.value):
+            if (
+                isinstance(node, cst.BinaryOperation)
+                and isinstance(node.operator, (cst.Divide, cst.FloorDivide))
+                and mentions_calls(model, node.right, divisors, assignment.order, assignment.function)
+            ):
+                return assignment
+    return None

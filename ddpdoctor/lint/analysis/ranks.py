@@ -623,6 +623,25 @@ def node_index(model: ModuleModel, expr: Optional[cst.BaseExpression], order: in
     )
 
 
+# Calls whose value names the machine: a path built from one is a per-node copy.
+HOST_NAME_CALLS = frozenset({"socket.gethostname", "platform.node", "os.uname"})
+
+
+def names_the_node(model: ModuleModel, expr: cst.BaseExpression, order: int, function: Optional[Function]) -> bool:
+    """The expression (a checkpoint path) holds the node index or the host name, followed through
+    variables: a value that differs from node to node (each node writing its own file)."""
+    values = [(expr, order, function)]
+    if isinstance(expr, (cst.Name, cst.Attribute)):
+        values += [v for v in model.leaf_values(expr, order, function) if v[0] is not expr]
+    for value, v_order, v_function in values:
+        for node in walk(value):
+            if isinstance(node, (cst.Name, cst.Attribute)) and node_index(model, node, v_order, v_function):
+                return True
+            if isinstance(node, cst.Call) and (model.qualify(node.func) or "") in HOST_NAME_CALLS:
+                return True
+    return False
+
+
 def tests_node_zero(model: ModuleModel, test: cst.BaseExpression, order: int, function: Optional[Function]) -> bool:
     """`args.nr == 0`, `step % k == 0 and node_rank == 0`, `node_rank in [0]`: the node index
     compared with zero (a condition every process of node 0 passes)."""

@@ -4,11 +4,13 @@ or, through `ModuleModel.linked_function`, in another module of the project.
 A finding that spans modules is reported at the call in the module that imports the other half
 (the helper, linted alone, cannot know who calls it): `save_checkpoint(...)` in train.py runs a
 `torch.save` on every rank; `run_epoch(model, loader)` draws from a loader whose sampler nobody
-reseeds. Each summary is computed on demand and memoised with its module's model.
+reseeds; `clip_gradients(model)` clips gradients a GradScaler still scales. Each summary is
+computed on demand and memoised with its module's model.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Optional
 
 import libcst as cst
@@ -112,3 +114,51 @@ def epoch_set_params(model: ModuleModel, function: Function) -> set[str]:
         if name is not None:
             out.add(name)
     return out
+
+
+# Gradient clipping (`torch.nn.utils.clip_grad_norm` is the deprecated spelling without `_`).
+CLIPS = frozenset(
+    {"torch.nn.utils.clip_grad_norm_", "torch.nn.utils.clip_grad_value_", "torch.nn.utils.clip_grad_norm"}
+)
+
+
+@dataclass(frozen=True)
+class Clipping:
+    """What a function does to the gradients its caller hands it: the first gradient clip in its body,
+    the parameters whose gradients it clips, and whether a `GradScaler.unscale_` runs in the body
+    before that clip (then the clip sees true gradients whatever the caller's backward was)."""
+
+    clip: Call
+    params: frozenset[str]  # `clip_grad_norm_(model.parameters(), ...)` / `clip_grad_value_(params, ...)`
+    unscales_first: bool
+
+
+def clipping(model: ModuleModel, function: Function) -> Optional[Clipping]:
+    """The gradient clipping `function` does in its own body, or None when it clips nothing.
+    Called after `scaler.scale(loss).backward()`, a function whose clip is not preceded by an
+    `unscale_` clips gradients still multiplied by the loss scale."""
+    clips = [c for c in function.calls if c.name in CLIPS]
+    if not clips:
+        return None
+    first = clips[0]
+    params: set[str] = set()
+    for clip in clips:
+        target = clip.arg(0, "parameters")
+        if isinstance(target, cst.Call) and isinstance(target.func, cst.Attribute) and target.func.attr.value == "parameters":
+            target = target.func.value  # `model.parameters()` clips `model`'s gradients
+        name = param_name(model, function, target)
+        if name is not None:
+            params.add(name)
+    unscales_first = any(c.attr == "unscale_" and c.order < first.order for c in function.calls)
+    return Clipping(first, frozenset(params), unscales_first)
+
+
+def unscales(model: ModuleModel, function: Function, depth: int = 0) -> bool:
+    """`function` calls `GradScaler.unscale_` in its body, directly or through a helper of its own
+    module (a few calls deep): called between a scaled backward and a clip, it unscales the gradients."""
+    for call in function.calls:
+        if call.attr == "unscale_":
+            return True
+        if depth < 2 and any(unscales(model, helper, depth + 1) for helper in model.resolve_local_function(call)):
+            return True
+    return False

@@ -121,7 +121,8 @@ UNKNOWN: object = _Unknown()
 def walk(node: cst.CSTNode, skip: Optional[Callable[[cst.CSTNode], bool]] = None) -> Iterator[cst.CSTNode]:
     """Every statement/expression node in a subtree (whitespace and token nodes skipped), in no
     particular order; `skip` prunes a node and everything under it. The same cheap walk the builder
-    uses, for rules' rare deeper questions."""
+    uses, for the analysis layer's deeper questions (rules never walk the tree:
+    tests/test_analysis_layering.py)."""
     stack: list[cst.CSTNode] = [node]
     while stack:
         current = stack.pop()
@@ -151,6 +152,26 @@ def names_in(node: cst.CSTNode) -> Iterable[str]:
                 stack.append(value)
             elif type(value) in (tuple, list):
                 stack.extend(v for v in value if isinstance(v, cst.CSTNode))
+
+
+def mentions_identifier(node: cst.CSTNode, words: Iterable[str]) -> bool:
+    """True when a subtree names one of `words` as a variable or an attribute (`model`,
+    `net.state_dict()`, `self.params`)."""
+    wanted = frozenset(words)
+    for current in walk(node):
+        if isinstance(current, cst.Name) and current.value in wanted:
+            return True
+        if isinstance(current, cst.Attribute) and current.attr.value in wanted:
+            return True
+    return False
+
+
+def modulo_divisors(node: cst.CSTNode) -> list[cst.BaseExpression]:
+    """The right operands of every `%` in a subtree (`(i + 1) % accum_steps == 0` -> `accum_steps`)."""
+    return [
+        current.right for current in walk(node)
+        if isinstance(current, cst.BinaryOperation) and isinstance(current.operator, cst.Modulo)
+    ]
 
 
 def is_zero_literal(node: cst.BaseExpression) -> bool:

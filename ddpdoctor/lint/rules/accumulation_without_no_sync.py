@@ -6,7 +6,7 @@ from typing import Optional, Union
 
 import libcst as cst
 
-from ddpdoctor.lint.analysis import Call, Function, Guard, Loop, contains, dotted_name, names_in, summaries
+from ddpdoctor.lint.analysis import Call, Function, Guard, Loop, contains, dotted_name, names_in, summaries, syntax
 from ddpdoctor.lint.rules.base import Rule
 
 DDP = "torch.nn.parallel.DistributedDataParallel"
@@ -172,15 +172,9 @@ class AccumulationWithoutNoSync(Rule):
     def _is_accumulation_test(self, guard: Guard, step: Call) -> bool:
         """`(i + 1) % accum_steps == 0` (a modulo by something other than 1), or a test that reads an
         accumulation counter (`if step_in_accum == grad_accum_steps - 1:`)."""
-        stack: list[cst.CSTNode] = [guard.test]
-        while stack:
-            node = stack.pop()
-            if isinstance(node, cst.BinaryOperation) and isinstance(node.operator, cst.Modulo):
-                divisor = self.model.const_value(node.right, step.order, step.function)
-                if divisor != 1:
-                    return True
-            for child in node.children:
-                stack.append(child)
+        for divisor in syntax.modulo_divisors(guard.test):
+            if self.model.const_value(divisor, step.order, step.function) != 1:
+                return True
         return any("accum" in name.lower() for name in names_in(guard.test))
 
     def _ddp_forward(self, loop: Union[Loop, Function]) -> Optional[tuple[Call, Call]]:

@@ -7,14 +7,10 @@ from typing import Optional
 import libcst as cst
 
 from ddpdoctor.findings import Fix
-from ddpdoctor.lint.analysis import Call, ModuleModel, dotted_name, names_in
+from ddpdoctor.lint.analysis import Call, Function, ModuleModel, dotted_name, names_in, summaries
 from ddpdoctor.lint.rules.base import Rule
 
-CLIPS = (
-    "torch.nn.utils.clip_grad_norm_",
-    "torch.nn.utils.clip_grad_value_",
-    "torch.nn.utils.clip_grad_norm",
-)
+CLIPS = tuple(sorted(summaries.CLIPS))
 SCALERS = frozenset({"torch.cuda.amp.GradScaler", "torch.amp.GradScaler", "torch.GradScaler",
                      "torch.amp.grad_scaler.GradScaler"})
 
@@ -72,11 +68,12 @@ def exclusive(model: ModuleModel, a: Call, b: Call) -> bool:
 PRECISION_WORDS = ("amp", "fp16", "float16", "half", "scaler", "precision", "bf16", "dtype", "mixed")
 
 
-def precision_dependent(model: ModuleModel, clip: Call, backward: Call) -> bool:
+def precision_dependent(model: ModuleModel, clip: Call, backward: Optional[Call]) -> bool:
     """The clip sits under a condition the backward does not share that reads a precision flag or the
     scaler itself, e.g. `if not args.amp: clip(...)` after `if scaler is not None: scaler.scale(...)`:
-    the two may well be exclusive at run time, which we cannot prove, so the rule stays silent."""
-    shared = {id(g.test) for g in backward.ctx.guards}
+    the two may well be exclusive at run time, which we cannot prove, so the rule stays silent.
+    Without a backward (a clip inside a helper), any such condition counts."""
+    shared = {id(g.test) for g in backward.ctx.guards} if backward is not None else set()
     for guard in clip.ctx.guards:
         if id(guard.test) in shared:
             continue
@@ -109,21 +106,14 @@ class ClipWithoutUnscale(Rule):
     """
 
     code = "AMP002"
-    trigger_words = ("clip_grad_",)
+    # `.scale(`: a script whose clip is in a helper (maybe of another module) still scales its loss.
+    trigger_words = ("clip_grad_", ".scale(")
 
     def check(self) -> None:
         for clip in self.model.calls_named(*CLIPS):
-            function = clip.function
-            calls = function.calls if function is not None else [c for c in self.model.calls if c.function is None]
-            backward: Optional[Call] = None
-            scaler: Optional[str] = None
-            for call in calls:
-                if call.order >= clip.order:
-                    break
-                found = scaled_backward_scaler(self.model, call)
-                if found is not None and not exclusive(self.model, call, clip):
-                    backward, scaler = call, found
-            if backward is None or precision_dependent(self.model, clip, backward):
+            calls = self._calls_around(clip)
+            backward, scaler = self._scaled_backward_before(clip, calls)
+            if backward is None or scaler is None or precision_dependent(self.model, clip, backward):
                 continue
             written = f"{clip.dotted or clip.name}()"
             if clip.dotted != clip.name and clip.dotted is not None and not (clip.name or "").endswith("." + clip.dotted):
@@ -152,6 +142,77 @@ class ClipWithoutUnscale(Rule):
                 fix=self._fix(clip, backward, scaler, calls) if scaler is not None else None,
             )
 
+        self._check_clipping_helpers()
+
+    def _calls_around(self, call: Call) -> list[Call]:
+        """The calls of the function (or module level) `call` is in, in order."""
+        function = call.function
+        return list(function.calls) if function is not None else [c for c in self.model.calls if c.function is None]
+
+    def _scaled_backward_before(self, at: Call, calls: list[Call]) -> tuple[Optional[Call], Optional[str]]:
+        """The last `scaler.scale(loss).backward()` before `at` in the same function that can run on
+        the same path, with its scaler as written."""
+        backward: Optional[Call] = None
+        scaler: Optional[str] = None
+        for call in calls:
+            if call.order >= at.order:
+                break
+            found = scaled_backward_scaler(self.model, call)
+            if found is not None and not exclusive(self.model, call, at):
+                backward, scaler = call, found
+        return backward, scaler
+
+    def _check_clipping_helpers(self) -> None:
+        """A helper (of this module or another project module) whose body clips gradients before any
+        `unscale_`, called after `scaler.scale(loss).backward()` with no `unscale_` in between:
+        reported at the call, where the scaled backward is known."""
+        for call in self.model.calls:
+            if call.name in summaries.CLIPS or (call.name or "").startswith("torch."):
+                continue
+            found = self._clipping_callee(call)
+            if found is None:
+                continue
+            other, helper, clipping = found
+            calls = self._calls_around(call)
+            backward, scaler = self._scaled_backward_before(call, calls)
+            if backward is None or scaler is None or precision_dependent(self.model, call, backward):
+                continue
+            between = [c for c in calls if backward.order < c.order < call.order and not exclusive(self.model, c, call)]
+            if any(self._unscales(c) for c in between) or any(self._steps(c, scaler) for c in between):
+                continue  # unscaled already, or the step (which unscales) has been taken: another story
+            where = "" if other is self.model else f" of {other.shown_path}"
+            clip = clipping.clip
+            self.report(
+                call.node,
+                f"{call.dotted or helper.name}() clips gradients ({clip.dotted or clip.name}() at line "
+                f"{other.line_of(clip.node)}{where}) that are still multiplied by the GradScaler's scale "
+                f"(`{scaler}.scale(loss).backward()` at line {self.line(backward.node)}), and nothing "
+                f"unscales them first: the threshold is compared against scaled norms, so clipping is far "
+                f"too aggressive or has no effect. Call `{scaler}.unscale_(optimizer)` before it.",
+                fix=self._fix(call, backward, scaler, calls),
+            )
+
+    def _clipping_callee(self, call: Call) -> Optional[tuple[ModuleModel, Function, summaries.Clipping]]:
+        """The function `call` invokes (here or in another project module) when its body clips
+        gradients before any `unscale_`, outside any precision-mode condition of its own."""
+        callees: list[tuple[ModuleModel, Function]] = [(self.model, f) for f in self.model.resolve_local_function(call)]
+        if not callees:
+            linked = self.model.linked_function(call)
+            callees = [linked] if linked is not None else []
+        for other, function in callees:
+            clipping = summaries.clipping(other, function)
+            if clipping is None or clipping.unscales_first:
+                continue
+            if precision_dependent(other, clipping.clip, None):
+                continue  # `if not use_amp: clip(...)` inside the helper
+            return other, function, clipping
+        return None
+
+    def _steps(self, call: Call, scaler: str) -> bool:
+        return call.attr == "step" and call.receiver is not None and (
+            dotted_name(call.receiver) or self.model.code_of(call.receiver)
+        ) == scaler
+
     def _fix(self, clip: Call, backward: Call, scaler: str, calls: list[Call]) -> Optional[Fix]:
         """Insert `scaler.unscale_(optimizer)` on the line before the clip, with the optimizer that
         this scaler steps after it (one, written as a plain name or attribute). Applied only when
@@ -179,13 +240,11 @@ class ClipWithoutUnscale(Rule):
         )
         return Fix(f"call `{statement}` before clipping", applicable=certain, edits=(edit,))
 
-    def _unscales(self, call: Call, depth: int = 0) -> bool:
-        """`scaler.unscale_(opt)`, or a local helper that calls it."""
+    def _unscales(self, call: Call) -> bool:
+        """`scaler.unscale_(opt)`, or a helper of this module or another project module that calls it."""
         if call.attr == "unscale_":
             return True
-        if depth > 2:
-            return False
-        for helper in self.model.resolve_local_function(call):
-            if any(self._unscales(inner, depth + 1) for inner in helper.calls):
-                return True
-        return False
+        if any(summaries.unscales(self.model, helper) for helper in self.model.resolve_local_function(call)):
+            return True
+        linked = self.model.linked_function(call) if not (call.name or "").startswith("torch.") else None
+        return linked is not None and summaries.unscales(*linked)

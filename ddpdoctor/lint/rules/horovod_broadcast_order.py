@@ -4,9 +4,7 @@ from __future__ import annotations
 
 from typing import Optional
 
-import libcst as cst
-
-from ddpdoctor.lint.analysis import Assignment, Call, ModuleModel, dotted_name
+from ddpdoctor.lint.analysis import Assignment, Call, ModuleModel, dotted_name, syntax
 from ddpdoctor.lint.rules.base import Rule
 
 HVD = "horovod.torch"
@@ -93,7 +91,7 @@ class HorovodBroadcastOrder(Rule):
                 return
         for call in self.model.calls_named(*OTHER_BROADCASTS):
             argument = call.arg(0, "tensor") or call.arg(0, "obj")
-            if argument is not None and _mentions_model(argument):
+            if argument is not None and syntax.mentions_identifier(argument, MODEL_WORDS):
                 return
         wrapper = wrappers[0]
         self.report(
@@ -104,14 +102,3 @@ class HorovodBroadcastOrder(Rule):
             "after building the model (and hvd.broadcast_optimizer_state for the optimizer).",
         )
 
-
-def _mentions_model(node: cst.CSTNode) -> bool:
-    stack: list[cst.CSTNode] = [node]
-    while stack:
-        current = stack.pop()
-        if isinstance(current, cst.Name) and current.value in MODEL_WORDS:
-            return True
-        if isinstance(current, cst.Attribute) and current.attr.value in MODEL_WORDS:
-            return True
-        stack.extend(current.children)
-    return False

@@ -18,10 +18,11 @@ class MissingSetDevice(Rule):
         local_rank = int(os.environ["LOCAL_RANK"])
         torch.cuda.set_device(local_rank)
         dist.init_process_group(backend="nccl")
+        model = DDP(model.cuda(), device_ids=[local_rank])
     Invalid:
         local_rank = int(os.environ["LOCAL_RANK"])
         dist.init_process_group(backend="nccl")
-        model = DDP(model.to(f"cuda:{local_rank}"), device_ids=[local_rank])
+        model = DDP(model.cuda(), device_ids=[local_rank])
     """
 
     code = "DDP011"
@@ -39,29 +40,40 @@ class MissingSetDevice(Rule):
         ]
         if devices.device_pin_calls(model) or devices.visible_devices_writes(model):
             return
+        # Issue 10: a script that names cuda:LOCAL_RANK everywhere never falls back to GPU 0; only
+        # what relies on the current device (bare .cuda(), barrier(), object collectives) does.
+        uses = devices.current_device_uses(model)
+        if not uses:
+            return
+        where = self.uses_text(uses)
         if not inits and not model.calls_named(launch.DDP_CLASS):
             return  # a group created by a project helper matters in a script that then wraps in DDP
         helpers, pinned_by_helper = self.project_helpers()
         if (not inits and not helpers) or pinned_by_helper:
             return
-        for call, where in helpers:
+        for call, created in helpers:
             self.report(
                 call.node,
-                f"{call.dotted}() initialises an NCCL process group ({where}) but neither it nor this script "
-                "pins the GPU (no torch.cuda.set_device, torch.cuda.device or device_id=): whatever does not "
-                "name a device (bare .cuda(), object collectives) lands on GPU 0 in every rank, and barrier() "
-                "has to guess the GPU, which can hang. Call torch.cuda.set_device(local_rank) before it.",
+                f"{call.dotted}() initialises an NCCL process group ({created}) but neither it nor this script "
+                f"pins the GPU (no torch.cuda.set_device, torch.cuda.device or device_id=), and this script uses "
+                f"the current CUDA device ({where}): that is GPU 0 in every rank, which fills GPU 0 with every "
+                "rank's work and can hang NCCL. Call torch.cuda.set_device(local_rank) before it.",
             )
         for call in inits:
             self.report(
                 call.node,
                 "NCCL process group initialised but this script never pins its GPU (no "
-                "torch.cuda.set_device, torch.cuda.device or device_id=): whatever does not name a device "
-                "(bare .cuda(), object collectives) lands on GPU 0 in every rank, and barrier() has to "
-                "guess the GPU, which can hang. Call torch.cuda.set_device(local_rank) before "
-                "init_process_group, or pass device_id=torch.device(\"cuda\", local_rank).",
+                "torch.cuda.set_device, torch.cuda.device or device_id=), and it uses the current CUDA "
+                f"device ({where}): that is GPU 0 in every rank, which fills GPU 0 with every rank's work "
+                "and can hang NCCL. Call torch.cuda.set_device(local_rank) before init_process_group, or "
+                "pass device_id=torch.device(\"cuda\", local_rank).",
                 fix=self.fix(call),
             )
+
+    def uses_text(self, uses: list[devices.CurrentDeviceUse]) -> str:
+        """`line 31: dist.barrier() without device_ids; line 40: bare .cuda()` (the first three)."""
+        shown = "; ".join(f"line {self.line(use.call.node)}: {use.what}" for use in uses[:3])
+        return shown + (f"; and {len(uses) - 3} more" if len(uses) > 3 else "")
 
     def fix(self, init: Call) -> Optional[Fix]:
         """Insert `torch.cuda.set_device(<local rank>)` on the line after the group is created, at

@@ -10,13 +10,11 @@ from ddpdoctor.findings import Edit, Fix
 
 from ddpdoctor.lint.analysis import (
     Call,
-    ModuleModel,
     Runs,
     WhoRuns,
     launch,
     ranks,
     summaries,
-    walk,
     who_runs,
 )
 from ddpdoctor.lint.rules.base import Rule
@@ -145,7 +143,7 @@ class UnguardedCheckpointSave(Rule):
         if who.runs is not Runs.RANK0 or not ranks.guard_rank_kinds(self.model, who.guard) <= {"local"}:
             return
         evidence = launch.multinode_evidence(self.model)
-        if evidence is None or _names_the_node(self.model, path, save):
+        if evidence is None or ranks.names_the_node(self.model, path, save.order, save.function):
             return
         self.report(
             save.node,
@@ -186,22 +184,4 @@ class UnguardedCheckpointSave(Rule):
                 f"can leave it truncated or corrupt. Call it only on the main process ({check}).",
             )
 
-
-# Calls whose value names the machine: a path built from one is a per-node copy.
-HOST_NAME_CALLS = frozenset({"socket.gethostname", "platform.node", "os.uname"})
-
-
-def _names_the_node(model: ModuleModel, path: cst.BaseExpression, save: Call) -> bool:
-    """The path holds the node index or the host name (followed through variables): deliberate
-    per-node copies, each node writing its own file."""
-    values = [(path, save.order, save.function)]
-    if isinstance(path, (cst.Name, cst.Attribute)):
-        values += [v for v in model.leaf_values(path, save.order, save.function) if v[0] is not path]
-    for value, order, function in values:
-        for node in walk(value):
-            if isinstance(node, (cst.Name, cst.Attribute)) and ranks.node_index(model, node, order, function):
-                return True
-            if isinstance(node, cst.Call) and (model.qualify(node.func) or "") in HOST_NAME_CALLS:
-                return True
-    return False
 
