@@ -86,6 +86,35 @@ def test_unpacked_rank_through_a_local_helper() -> None:
     assert ranks.rank_source(model, y.value, y.order, None) is None
 
 
+def test_origin_calls_through_an_unpacked_tuple_return() -> None:
+    """`_, loader = build()`: the loader's origin is the call at its position in build's return
+    tuple, on every branch; a return of another shape (a bare name, a tuple of another length, which
+    would raise on unpacking) tells nothing."""
+    model = model_of(
+        """
+        from torch.utils.data import DataLoader, DistributedSampler
+        def build(ds, train):
+            sampler = DistributedSampler(ds)
+            if train:
+                return ds, DataLoader(ds, sampler=sampler)
+            if ds is None:
+                return ds
+            if ds == 0:
+                return ds, DataLoader(ds, batch_size=2), sampler
+            return ds, DataLoader(ds, batch_size=1)
+        _, loader = build(None, True)
+        picked = loader
+        first, second = build(None, False)
+        other = first
+        """
+    )
+    picked, other = model.assignments_to("picked")[0], model.assignments_to("other")[0]
+    origins = model.origin_calls(picked.value, picked.order, None)
+    assert [c.name for c in origins] == ["torch.utils.data.DataLoader", "torch.utils.data.DataLoader"]
+    # position 0 of both tuple returns is the parameter `ds`, bound to None here: no call
+    assert model.origin_calls(other.value, other.order, None) == []
+
+
 def test_linked_function_in_another_project_module(tmp_path: pathlib.Path) -> None:
     (tmp_path / "pkg").mkdir()
     (tmp_path / "pkg" / "__init__.py").write_text("")

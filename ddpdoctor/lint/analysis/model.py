@@ -829,6 +829,33 @@ class ModuleModel:
             out.append((call, index))
         return out
 
+    def unpacked_returns(self, expr: Expr, order: int, function: Optional[Function]) -> list[tuple[Expr, int, Function]]:
+        """`_, loader = build(...)` where `build` is this module's function ending in `return ds, loader`:
+        for `loader`, the element each such return puts at its position, with where it is evaluated
+        (the helper's end). A return that is not a tuple (or list) of the unpacked length, or holds a
+        starred element, says nothing and is skipped; another module's helper is not followed (its
+        expressions belong to its own model)."""
+        name = dotted_name(expr)
+        if name is None:
+            return []
+        out: list[tuple[Expr, int, Function]] = []
+        for assignment in self.reaching_assignments(name, order, function):
+            if assignment.unpacked is None or not isinstance(assignment.node, cst.Assign):
+                continue
+            source, index = assignment.unpacked
+            call = self.call_of(source)
+            width = _unpacked_width(assignment.node)
+            if call is None or width is None:
+                continue
+            for helper in self.resolve_local_function(call):
+                for returned, at, inside in self.return_sites(helper):
+                    if not isinstance(returned, (cst.Tuple, cst.List)) or len(returned.elements) != width:
+                        continue
+                    if any(isinstance(element, cst.StarredElement) for element in returned.elements):
+                        continue
+                    out.append((returned.elements[index].value, at, inside))
+        return out
+
     def returned_functions(self, call: Call) -> list[tuple["ModuleModel", Function]]:
         """The functions whose `return`s a call's value comes from: this module's own, or another
         project module's."""
@@ -906,6 +933,9 @@ class ModuleModel:
                     continue
                 node_order, node_function = self._where(value, order, function)
                 out.extend(self.origin_calls(value, node_order, node_function, depth + 1))
+            # `_, loader = build(...)`: the loader is whatever build's tuple returns hold there.
+            for element, at, inside in self.unpacked_returns(expr, order, function):
+                out.extend(self.origin_calls(element, at, inside, depth + 1))
             return out
         return []
 
@@ -1389,6 +1419,12 @@ def _literal_keywords(value: Optional[Expr]) -> Optional[dict[str, Expr]]:
             out[arg.keyword.value] = arg.value
         return out
     return None
+
+
+def _unpacked_width(node: cst.Assign) -> Optional[int]:
+    """How many names `a, b = ...` unpacks into (the last target of a chained assignment)."""
+    target = node.targets[-1].target
+    return len(target.elements) if isinstance(target, (cst.Tuple, cst.List)) else None
 
 
 def _last_reaching(before: list[Assignment]) -> list[Assignment]:
