@@ -166,3 +166,22 @@ def test_function_summaries() -> None:
     assert found is not None and found[1] == "path"
     for name in ("save_guarded", "serialise", "shard", "evaluate"):
         assert summaries.unguarded_save(model, fn[name]) is None, name
+
+
+def test_loader_samplers_direct_and_inside_a_batch_sampler() -> None:
+    model = model_of(
+        """
+        from torch.utils.data import BatchSampler, DataLoader, DistributedSampler
+        plain = DistributedSampler(a)
+        DataLoader(a, sampler=plain)
+        batched = DistributedSampler(b)
+        DataLoader(b, batch_sampler=BatchSampler(batched, 8, False))
+        DataLoader(c, batch_size=4)
+        """
+    )
+    direct, inside, none = model.calls_named("torch.utils.data.DataLoader")
+    plain, batched = model.calls_named("torch.utils.data.DistributedSampler")
+    assert plain in model.loader_samplers(direct) and batched not in model.loader_samplers(direct)
+    assert batched in model.loader_samplers(inside) and plain not in model.loader_samplers(inside)
+    assert model.loader_samplers(none) == []
+    assert (model.name_bound_to(plain), model.name_bound_to(direct)) == ("plain", None)

@@ -1054,6 +1054,22 @@ class ModuleModel:
                 out.append((value, site))
         return out
 
+    def name_bound_to(self, call: Call) -> Optional[str]:
+        """The variable a call's value is assigned to directly (`sampler = DistributedSampler(ds)`)."""
+        for assignment in self.assignments:
+            if assignment.value is call.node:
+                return assignment.target
+        return None
+
+    def loader_samplers(self, loader: Call) -> list[Call]:
+        """The calls a `DataLoader(...)` may draw its order from: what its `sampler=` comes from,
+        and the `sampler` inside a `batch_sampler=BatchSampler(sampler, ...)`."""
+        out = self.origin_calls(loader.arg(3, "sampler"), loader.order, loader.function)
+        for origin in self.origin_calls(loader.arg(4, "batch_sampler"), loader.order, loader.function):
+            if origin.name == "torch.utils.data.BatchSampler":
+                out = out + self.origin_calls(origin.arg(0, "sampler"), origin.order, origin.function)
+        return out
+
     def resolve_local_function(self, call: Call) -> list[Function]:
         """The module's own functions a call may invoke (`helper()`, `self.helper()`)."""
         if self._callees is None:
