@@ -185,3 +185,29 @@ def test_loader_samplers_direct_and_inside_a_batch_sampler() -> None:
     assert batched in model.loader_samplers(inside) and plain not in model.loader_samplers(inside)
     assert model.loader_samplers(none) == []
     assert (model.name_bound_to(plain), model.name_bound_to(direct)) == ("plain", None)
+
+
+def test_call_sites_skip_a_def_rebound_before_the_call() -> None:
+    """Two top-level `def step` in a row: a module-level call after both, and a call inside a
+    function (which runs after the module body), reach only the second; a call between the two
+    reaches the first; a rival `def` under an `if` may not run, so it shadows nothing."""
+    model = model_of(
+        """
+        def step(): pass
+        step()
+        def step(): pass
+        def run():
+            step()
+        step()
+        def tick(): pass
+        if flag:
+            def tick(): pass
+        tick()
+        """
+    )
+    first, second = model.functions_named("step")
+    early, in_run, late = [c for c in model.calls if c.node.func.value == "step"]  # type: ignore[attr-defined]
+    assert model.call_sites(first) == [early]
+    assert model.call_sites(second) == [in_run, late]
+    plain, guarded = model.functions_named("tick")
+    assert len(model.call_sites(plain)) == 1 and len(model.call_sites(guarded)) == 1

@@ -724,8 +724,9 @@ class ModuleModel:
             for call in self.calls:
                 func = call.node.func
                 if isinstance(func, cst.Name):
-                    for fn in by_name.get(func.value, ()):
-                        if fn.klass is None:
+                    plain = [fn for fn in by_name.get(func.value, ()) if fn.klass is None]
+                    for fn in plain:
+                        if not self._shadowed(fn, plain, call):
                             self._call_sites.setdefault(id(fn), []).append(call)
                     for fn in constructors.get(func.value, ()):
                         self._call_sites.setdefault(id(fn), []).append(call)
@@ -737,6 +738,38 @@ class ModuleModel:
                                 continue
                             self._call_sites.setdefault(id(fn), []).append(call)
         return self._call_sites.get(id(function), [])
+
+    def _shadowed(self, fn: Function, namesakes: list[Function], call: Call) -> bool:
+        """`call` cannot reach `fn`: a call running in `fn`'s own scope before the def reaches an
+        earlier namesake; and `fn` is rebound when another `def` of the same name in the same scope,
+        at the top level of that scope's body (not under an if, try, loop or with, where it might
+        not run), comes after it, and before the call when the call runs in that scope in source
+        order. A call from a function nested below that scope runs once the scope's body has
+        finished, so any later such def wins."""
+        if call.function is fn.parent and call.order < fn.order:
+            # Not defined yet when the call runs: an earlier namesake is the one called.
+            return any(g.parent is fn.parent and g.order < call.order for g in namesakes)
+        rivals = [g for g in namesakes if g is not fn and g.parent is fn.parent and g.order > fn.order]
+        rivals = [g for g in rivals if self._top_level_def(g)]
+        if not rivals:
+            return False
+        if call.function is fn.parent:
+            return any(g.order < call.order for g in rivals)
+        scope = call.function
+        while scope is not None and scope is not fn.parent:
+            scope = scope.parent
+        return scope is fn.parent
+
+    def _top_level_def(self, fn: Function) -> bool:
+        """The `def` is a statement of its scope's own body (the module's, or its function's)."""
+        if fn.parent is None:
+            body: Sequence[cst.CSTNode] = self.module.body
+        else:
+            outer = fn.parent.node
+            if not isinstance(outer, cst.FunctionDef) or not isinstance(outer.body, cst.IndentedBlock):
+                return False
+            body = outer.body.body
+        return any(statement is fn.node for statement in body)
 
     def callers(self, function: Function) -> list[Call]:
         """Every call in this module that may invoke `function`: `call_sites`, plus `trainer.fit()`
