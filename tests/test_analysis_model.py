@@ -211,3 +211,20 @@ def test_call_sites_skip_a_def_rebound_before_the_call() -> None:
     assert model.call_sites(second) == [in_run, late]
     plain, guarded = model.functions_named("tick")
     assert len(model.call_sites(plain)) == 1 and len(model.call_sites(guarded)) == 1
+
+
+def test_parameter_default_of_an_uncalled_function_is_not_its_only_value() -> None:
+    """`def fit(rank=0)` that nothing here calls: rank may be 0 or whatever another module passes;
+    called here without the argument, it is the default only."""
+    model = model_of(
+        """
+        def fit(rank=0):
+            a = rank
+        def step(rank=0):
+            b = rank
+        step()
+        """
+    )
+    a, b = model.assignments_to("a")[0], model.assignments_to("b")[0]
+    assert [model.code_of(v) for v, _, _ in model.leaf_values(a.value, a.order, a.function)] == ["0", "rank"]
+    assert [model.code_of(v) for v, _, _ in model.leaf_values(b.value, b.order, b.function)] == ["0"]

@@ -1009,8 +1009,10 @@ class ModuleModel:
         step (`ranks.route_runs`) can then drop values that only arrive on paths the sink never sees.
 
         Follows plain variables, `self.` attributes, parameters through this module's call sites,
-        their defaults where some call site omits the argument (or none calls the function: an entry
-        point), and both arms of `a if c else b`. What cannot be followed further (a name never
+        their defaults where some call site omits the argument, and both arms of `a if c else b`.
+        For a function nothing in this module calls (an entry point, or a library function another
+        module calls) a parameter is its default and, besides, the parameter itself: a caller we
+        cannot see may pass anything. What cannot be followed further (a name never
         assigned here such as an argparse attribute, a parameter without call sites, an augmented
         assignment, tuple unpacking, a loop target) comes back as the expression itself, so a rule
         asking "is every value a literal?" gets "no" and stays silent."""
@@ -1041,6 +1043,10 @@ class ModuleModel:
                 if assignment.value is not None and self._default_used(assignment.function, name):
                     # The default, evaluated where the def runs.
                     out.extend(self.routes(assignment.value, assignment.order, assignment.function.parent, depth + 1))
+                    if not self.call_sites(assignment.function):
+                        # Nothing here calls it: another module (or a launcher) may well pass the
+                        # argument, so the default is one value among unknown others.
+                        out.extend(here)
                 elif not sources:
                     out.extend(here)
                 for value, site in sources:
