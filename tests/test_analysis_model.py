@@ -86,6 +86,35 @@ def test_unpacked_rank_through_a_local_helper() -> None:
     assert ranks.rank_source(model, y.value, y.order, None) is None
 
 
+def test_origin_calls_through_an_unpacked_tuple_return() -> None:
+    """`_, loader = build()`: the loader's origin is the call at its position in build's return
+    tuple, on every branch; a return of another shape (a bare name, a tuple of another length, which
+    would raise on unpacking) tells nothing."""
+    model = model_of(
+        """
+        from torch.utils.data import DataLoader, DistributedSampler
+        def build(ds, train):
+            sampler = DistributedSampler(ds)
+            if train:
+                return ds, DataLoader(ds, sampler=sampler)
+            if ds is None:
+                return ds
+            if ds == 0:
+                return ds, DataLoader(ds, batch_size=2), sampler
+            return ds, DataLoader(ds, batch_size=1)
+        _, loader = build(None, True)
+        picked = loader
+        first, second = build(None, False)
+        other = first
+        """
+    )
+    picked, other = model.assignments_to("picked")[0], model.assignments_to("other")[0]
+    origins = model.origin_calls(picked.value, picked.order, None)
+    assert [c.name for c in origins] == ["torch.utils.data.DataLoader", "torch.utils.data.DataLoader"]
+    # position 0 of both tuple returns is the parameter `ds`, bound to None here: no call
+    assert model.origin_calls(other.value, other.order, None) == []
+
+
 def test_linked_function_in_another_project_module(tmp_path: pathlib.Path) -> None:
     (tmp_path / "pkg").mkdir()
     (tmp_path / "pkg" / "__init__.py").write_text("")
@@ -195,3 +224,65 @@ def test_unscales_summary() -> None:
     assert summaries.unscales(model, fn["unscale"])
     assert summaries.unscales(model, fn["prepare"])  # through its own helper
     assert not summaries.unscales(model, fn["step"])  # step unscales internally, but after any clip
+
+
+def test_loader_samplers_direct_and_inside_a_batch_sampler() -> None:
+    model = model_of(
+        """
+        from torch.utils.data import BatchSampler, DataLoader, DistributedSampler
+        plain = DistributedSampler(a)
+        DataLoader(a, sampler=plain)
+        batched = DistributedSampler(b)
+        DataLoader(b, batch_sampler=BatchSampler(batched, 8, False))
+        DataLoader(c, batch_size=4)
+        """
+    )
+    direct, inside, none = model.calls_named("torch.utils.data.DataLoader")
+    plain, batched = model.calls_named("torch.utils.data.DistributedSampler")
+    assert plain in model.loader_samplers(direct) and batched not in model.loader_samplers(direct)
+    assert batched in model.loader_samplers(inside) and plain not in model.loader_samplers(inside)
+    assert model.loader_samplers(none) == []
+    assert (model.name_bound_to(plain), model.name_bound_to(direct)) == ("plain", None)
+
+
+def test_call_sites_skip_a_def_rebound_before_the_call() -> None:
+    """Two top-level `def step` in a row: a module-level call after both, and a call inside a
+    function (which runs after the module body), reach only the second; a call between the two
+    reaches the first; a rival `def` under an `if` may not run, so it shadows nothing."""
+    model = model_of(
+        """
+        def step(): pass
+        step()
+        def step(): pass
+        def run():
+            step()
+        step()
+        def tick(): pass
+        if flag:
+            def tick(): pass
+        tick()
+        """
+    )
+    first, second = model.functions_named("step")
+    early, in_run, late = [c for c in model.calls if c.node.func.value == "step"]  # type: ignore[attr-defined]
+    assert model.call_sites(first) == [early]
+    assert model.call_sites(second) == [in_run, late]
+    plain, guarded = model.functions_named("tick")
+    assert len(model.call_sites(plain)) == 1 and len(model.call_sites(guarded)) == 1
+
+
+def test_parameter_default_of_an_uncalled_function_is_not_its_only_value() -> None:
+    """`def fit(rank=0)` that nothing here calls: rank may be 0 or whatever another module passes;
+    called here without the argument, it is the default only."""
+    model = model_of(
+        """
+        def fit(rank=0):
+            a = rank
+        def step(rank=0):
+            b = rank
+        step()
+        """
+    )
+    a, b = model.assignments_to("a")[0], model.assignments_to("b")[0]
+    assert [model.code_of(v) for v, _, _ in model.leaf_values(a.value, a.order, a.function)] == ["0", "rank"]
+    assert [model.code_of(v) for v, _, _ in model.leaf_values(b.value, b.order, b.function)] == ["0"]

@@ -724,8 +724,9 @@ class ModuleModel:
             for call in self.calls:
                 func = call.node.func
                 if isinstance(func, cst.Name):
-                    for fn in by_name.get(func.value, ()):
-                        if fn.klass is None:
+                    plain = [fn for fn in by_name.get(func.value, ()) if fn.klass is None]
+                    for fn in plain:
+                        if not self._shadowed(fn, plain, call):
                             self._call_sites.setdefault(id(fn), []).append(call)
                     for fn in constructors.get(func.value, ()):
                         self._call_sites.setdefault(id(fn), []).append(call)
@@ -737,6 +738,38 @@ class ModuleModel:
                                 continue
                             self._call_sites.setdefault(id(fn), []).append(call)
         return self._call_sites.get(id(function), [])
+
+    def _shadowed(self, fn: Function, namesakes: list[Function], call: Call) -> bool:
+        """`call` cannot reach `fn`: a call running in `fn`'s own scope before the def reaches an
+        earlier namesake; and `fn` is rebound when another `def` of the same name in the same scope,
+        at the top level of that scope's body (not under an if, try, loop or with, where it might
+        not run), comes after it, and before the call when the call runs in that scope in source
+        order. A call from a function nested below that scope runs once the scope's body has
+        finished, so any later such def wins."""
+        if call.function is fn.parent and call.order < fn.order:
+            # Not defined yet when the call runs: an earlier namesake is the one called.
+            return any(g.parent is fn.parent and g.order < call.order for g in namesakes)
+        rivals = [g for g in namesakes if g is not fn and g.parent is fn.parent and g.order > fn.order]
+        rivals = [g for g in rivals if self._top_level_def(g)]
+        if not rivals:
+            return False
+        if call.function is fn.parent:
+            return any(g.order < call.order for g in rivals)
+        scope = call.function
+        while scope is not None and scope is not fn.parent:
+            scope = scope.parent
+        return scope is fn.parent
+
+    def _top_level_def(self, fn: Function) -> bool:
+        """The `def` is a statement of its scope's own body (the module's, or its function's)."""
+        if fn.parent is None:
+            body: Sequence[cst.CSTNode] = self.module.body
+        else:
+            outer = fn.parent.node
+            if not isinstance(outer, cst.FunctionDef) or not isinstance(outer.body, cst.IndentedBlock):
+                return False
+            body = outer.body.body
+        return any(statement is fn.node for statement in body)
 
     def callers(self, function: Function) -> list[Call]:
         """Every call in this module that may invoke `function`: `call_sites`, plus `trainer.fit()`
@@ -829,6 +862,33 @@ class ModuleModel:
             out.append((call, index))
         return out
 
+    def unpacked_returns(self, expr: Expr, order: int, function: Optional[Function]) -> list[tuple[Expr, int, Function]]:
+        """`_, loader = build(...)` where `build` is this module's function ending in `return ds, loader`:
+        for `loader`, the element each such return puts at its position, with where it is evaluated
+        (the helper's end). A return that is not a tuple (or list) of the unpacked length, or holds a
+        starred element, says nothing and is skipped; another module's helper is not followed (its
+        expressions belong to its own model)."""
+        name = dotted_name(expr)
+        if name is None:
+            return []
+        out: list[tuple[Expr, int, Function]] = []
+        for assignment in self.reaching_assignments(name, order, function):
+            if assignment.unpacked is None or not isinstance(assignment.node, cst.Assign):
+                continue
+            source, index = assignment.unpacked
+            call = self.call_of(source)
+            width = _unpacked_width(assignment.node)
+            if call is None or width is None:
+                continue
+            for helper in self.resolve_local_function(call):
+                for returned, at, inside in self.return_sites(helper):
+                    if not isinstance(returned, (cst.Tuple, cst.List)) or len(returned.elements) != width:
+                        continue
+                    if any(isinstance(element, cst.StarredElement) for element in returned.elements):
+                        continue
+                    out.append((returned.elements[index].value, at, inside))
+        return out
+
     def returned_functions(self, call: Call) -> list[tuple["ModuleModel", Function]]:
         """The functions whose `return`s a call's value comes from: this module's own, or another
         project module's."""
@@ -906,6 +966,9 @@ class ModuleModel:
                     continue
                 node_order, node_function = self._where(value, order, function)
                 out.extend(self.origin_calls(value, node_order, node_function, depth + 1))
+            # `_, loader = build(...)`: the loader is whatever build's tuple returns hold there.
+            for element, at, inside in self.unpacked_returns(expr, order, function):
+                out.extend(self.origin_calls(element, at, inside, depth + 1))
             return out
         return []
 
@@ -946,8 +1009,10 @@ class ModuleModel:
         step (`ranks.route_runs`) can then drop values that only arrive on paths the sink never sees.
 
         Follows plain variables, `self.` attributes, parameters through this module's call sites,
-        their defaults where some call site omits the argument (or none calls the function: an entry
-        point), and both arms of `a if c else b`. What cannot be followed further (a name never
+        their defaults where some call site omits the argument, and both arms of `a if c else b`.
+        For a function nothing in this module calls (an entry point, or a library function another
+        module calls) a parameter is its default and, besides, the parameter itself: a caller we
+        cannot see may pass anything. What cannot be followed further (a name never
         assigned here such as an argparse attribute, a parameter without call sites, an augmented
         assignment, tuple unpacking, a loop target) comes back as the expression itself, so a rule
         asking "is every value a literal?" gets "no" and stays silent."""
@@ -978,6 +1043,10 @@ class ModuleModel:
                 if assignment.value is not None and self._default_used(assignment.function, name):
                     # The default, evaluated where the def runs.
                     out.extend(self.routes(assignment.value, assignment.order, assignment.function.parent, depth + 1))
+                    if not self.call_sites(assignment.function):
+                        # Nothing here calls it: another module (or a launcher) may well pass the
+                        # argument, so the default is one value among unknown others.
+                        out.extend(here)
                 elif not sources:
                     out.extend(here)
                 for value, site in sources:
@@ -1022,6 +1091,22 @@ class ModuleModel:
             value = site.arg(position=index if index >= 0 else None, keyword=param)
             if value is not None:
                 out.append((value, site))
+        return out
+
+    def name_bound_to(self, call: Call) -> Optional[str]:
+        """The variable a call's value is assigned to directly (`sampler = DistributedSampler(ds)`)."""
+        for assignment in self.assignments:
+            if assignment.value is call.node:
+                return assignment.target
+        return None
+
+    def loader_samplers(self, loader: Call) -> list[Call]:
+        """The calls a `DataLoader(...)` may draw its order from: what its `sampler=` comes from,
+        and the `sampler` inside a `batch_sampler=BatchSampler(sampler, ...)`."""
+        out = self.origin_calls(loader.arg(3, "sampler"), loader.order, loader.function)
+        for origin in self.origin_calls(loader.arg(4, "batch_sampler"), loader.order, loader.function):
+            if origin.name == "torch.utils.data.BatchSampler":
+                out = out + self.origin_calls(origin.arg(0, "sampler"), origin.order, origin.function)
         return out
 
     def resolve_local_function(self, call: Call) -> list[Function]:
@@ -1389,6 +1474,12 @@ def _literal_keywords(value: Optional[Expr]) -> Optional[dict[str, Expr]]:
             out[arg.keyword.value] = arg.value
         return out
     return None
+
+
+def _unpacked_width(node: cst.Assign) -> Optional[int]:
+    """How many names `a, b = ...` unpacks into (the last target of a chained assignment)."""
+    target = node.targets[-1].target
+    return len(target.elements) if isinstance(target, (cst.Tuple, cst.List)) else None
 
 
 def _last_reaching(before: list[Assignment]) -> list[Assignment]:

@@ -12,7 +12,6 @@ from ddpdoctor.lint.rules.base import Rule
 
 SAMPLER = "torch.utils.data.DistributedSampler"
 DATA_LOADER = "torch.utils.data.DataLoader"
-BATCH_SAMPLER = "torch.utils.data.BatchSampler"
 MAX_CALLERS = 3
 
 
@@ -46,7 +45,7 @@ class MissingSetEpoch(Rule):
         set_epochs = self.model.method_calls("set_epoch")
         reported: set[tuple[int, int]] = set()
         for sampler in samplers:
-            fed = [loader for loader in loaders if self._fed_by(loader, sampler)]
+            fed = [loader for loader in loaders if sampler in self.model.loader_samplers(loader)]
             if not fed:
                 continue
             for draw, epoch_loops in self._draws(fed):
@@ -260,10 +259,7 @@ class MissingSetEpoch(Rule):
         )
 
     def _name_of(self, sampler: Call) -> str:
-        for assignment in self.model.assignments:
-            if assignment.value is sampler.node:
-                return assignment.target
-        return "sampler"
+        return self.model.name_bound_to(sampler) or "sampler"
 
     def _shuffles(self, sampler: Call) -> bool:
         """Shuffles for sure: `shuffle` absent (default True) or a value that is True; an undecidable
@@ -274,21 +270,6 @@ class MissingSetEpoch(Rule):
         if shuffle is None:
             return True
         return self.model.const_value(shuffle, sampler.order, sampler.function) is True
-
-    def _fed_by(self, loader: Call, sampler: Call) -> bool:
-        """The loader draws from `sampler`: `sampler=sampler`, or `batch_sampler=BatchSampler(sampler, ...)`."""
-        chosen = loader.arg(3, "sampler")
-        if chosen is not None and sampler in self.model.origin_calls(chosen, loader.order, loader.function):
-            return True
-        batches = loader.arg(4, "batch_sampler")
-        if batches is None:
-            return False
-        for origin in self.model.origin_calls(batches, loader.order, loader.function):
-            if origin.name == BATCH_SAMPLER:
-                inner = origin.arg(0, "sampler")
-                if inner is not None and sampler in self.model.origin_calls(inner, origin.order, origin.function):
-                    return True
-        return False
 
     def _epoch_loops(self, inner: Loop, depth: int = 0) -> list[Loop]:
         """The loops that run `inner` over and over: loops around it in its function, else the loops
