@@ -51,7 +51,12 @@ class MissingSetDevice(Rule):
         helpers, pinned_by_helper = self.project_helpers()
         if (not inits and not helpers) or pinned_by_helper:
             return
-        for call, created in helpers:
+        # One missing pin, one finding: a script that creates its group in two places (a tutorial
+        # with two snippets, a retry) is reported at the first, where the fix goes.
+        first_helper = min(helpers, key=lambda pair: pair[0].order, default=None)
+        first_init = min(inits, key=lambda call: call.order, default=None)
+        if first_helper is not None and (first_init is None or first_helper[0].order < first_init.order):
+            call, created = first_helper
             self.report(
                 call.node,
                 f"{call.dotted}() initialises an NCCL process group ({created}) but neither it nor this script "
@@ -59,15 +64,15 @@ class MissingSetDevice(Rule):
                 f"the current CUDA device ({where}): that is GPU 0 in every rank, which fills GPU 0 with every "
                 "rank's work and can hang NCCL. Call torch.cuda.set_device(local_rank) before it.",
             )
-        for call in inits:
+        elif first_init is not None:
             self.report(
-                call.node,
+                first_init.node,
                 "NCCL process group initialised but this script never pins its GPU (no "
                 "torch.cuda.set_device, torch.cuda.device or device_id=), and it uses the current CUDA "
                 f"device ({where}): that is GPU 0 in every rank, which fills GPU 0 with every rank's work "
                 "and can hang NCCL. Call torch.cuda.set_device(local_rank) before init_process_group, or "
                 "pass device_id=torch.device(\"cuda\", local_rank).",
-                fix=self.fix(call),
+                fix=self.fix(first_init),
             )
 
     def uses_text(self, uses: list[devices.CurrentDeviceUse]) -> str:
