@@ -286,3 +286,32 @@ def test_parameter_default_of_an_uncalled_function_is_not_its_only_value() -> No
     a, b = model.assignments_to("a")[0], model.assignments_to("b")[0]
     assert [model.code_of(v) for v, _, _ in model.leaf_values(a.value, a.order, a.function)] == ["0", "rank"]
     assert [model.code_of(v) for v, _, _ in model.leaf_values(b.value, b.order, b.function)] == ["0"]
+
+
+def test_loops_that_run_at_most_once() -> None:
+    model = model_of(
+        """
+        for epoch in range(1):
+            pass
+        for epoch in range(2, 3):
+            pass
+        for epoch in range(0):
+            pass
+        for epoch in range(3):
+            pass
+        for epoch in range(0, 4, 3):
+            pass
+        for epoch in range(epochs):
+            pass
+        for epoch in range(-1, 1):
+            pass
+        for epoch in [0]:
+            pass
+        while True:
+            pass
+        """
+    )
+    # Literal bounds only: `range(args.epochs)` with a default of 1 is set on the command line.
+    assert [model.runs_at_most_once(loop) for loop in model.loops] == [
+        True, True, True, False, False, False, False, False, False,
+    ]

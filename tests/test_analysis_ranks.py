@@ -221,3 +221,30 @@ def test_route_runs_narrows_by_the_path_a_value_takes() -> None:
 )
 def test_single_process_or_no_gpu(test: str, expected: Runs) -> None:
     assert runs(f"if {test}:\n    target()\n") is expected
+
+
+HOROVOD_ONLY = "import horovod.torch as hvd\nhvd.init()\n"
+
+
+@pytest.mark.parametrize(
+    ("source", "expected"),
+    [
+        # A config dict's flag is a flag like an attribute (field evaluation 2026-11c).
+        ('if not cfg["distributed"]:\n    target()\n', Runs.SINGLE),
+        ('if cfg["distributed"]:\n    pass\nelse:\n    target()\n', Runs.SINGLE),
+        ('if not cfg.get("ddp"):\n    target()\n', Runs.SINGLE),
+        ('if cfg["distributed"]:\n    target()\n', Runs.ALL),
+        # Other keys and other calls named get decide nothing.
+        ('if not cfg["pretrained"]:\n    target()\n', Runs.ALL),
+        ('if not cfg[key]:\n    target()\n', Runs.ALL),
+        # The else of a Horovod flag is the one-process run where Horovod alone launches ...
+        (HOROVOD_ONLY + 'if cfg["horovod"]:\n    pass\nelse:\n    target()\n', Runs.SINGLE),
+        (HOROVOD_ONLY + "if not args.use_horovod:\n    target()\n", Runs.SINGLE),
+        # ... but not where DDP is the other way of running several processes, nor without hvd.init().
+        (HOROVOD_ONLY + 'dist.init_process_group("nccl")\nif cfg["horovod"]:\n    pass\nelse:\n    target()\n',
+         Runs.ALL),
+        ('if cfg["horovod"]:\n    pass\nelse:\n    target()\n', Runs.ALL),
+    ],
+)
+def test_single_process_flags(source: str, expected: Runs) -> None:
+    assert runs(source) is expected

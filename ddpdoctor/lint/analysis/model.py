@@ -46,6 +46,7 @@ from ddpdoctor.lint.analysis.syntax import (
     contains,
     dotted_name,
     exits,
+    literal_int,
     walk,
 )
 
@@ -1271,6 +1272,19 @@ class ModuleModel:
             out.append(origin)
             out.extend(self._unwrapped(origin, depth + 1))
         return out
+
+    def runs_at_most_once(self, loop: Loop) -> bool:
+        """A `for` over `range(1)` / `range(0, 1)` (literal bounds only: `range(args.epochs)` with
+        an argparse default of 1 is set on the command line): its body never runs a second time."""
+        it = loop.iter
+        if not isinstance(loop.node, cst.For) or not isinstance(it, cst.Call) or (self.qualify(it.func) or dotted_name(it.func)) != "range":
+            return False
+        bounds = [literal_int(arg.value) for arg in it.args]
+        if not bounds or len(bounds) > 2 or any(b is None or arg.keyword or arg.star for b, arg in zip(bounds, it.args)):
+            return False
+        start, stop = (0, bounds[0]) if len(bounds) == 1 else (bounds[0], bounds[1])
+        assert start is not None and stop is not None
+        return stop - start <= 1
 
     def enclosing_loops(self, loop: Loop) -> list[Loop]:
         """The loops of the same function that contain `loop`, innermost first."""

@@ -16,7 +16,17 @@ from typing import Callable, Optional, Protocol, Sequence, Union
 
 import libcst as cst
 
-from ddpdoctor.lint.analysis.launch import NODE_INDEX_ENV, NODE_INDEX_NAMES, SPAWN_CALLS, env_copy_key, env_key
+from ddpdoctor.lint.analysis.launch import (
+    DDP_CLASS,
+    DEEPSPEED_INIT_CALLS,
+    HOROVOD_INIT_CALLS,
+    INIT_PROCESS_GROUP,
+    NODE_INDEX_ENV,
+    NODE_INDEX_NAMES,
+    SPAWN_CALLS,
+    env_copy_key,
+    env_key,
+)
 from ddpdoctor.lint.analysis.model import MAX_DEPTH, Assignment, Call, Context, Function, Guard, ModuleModel, Route
 from ddpdoctor.lint.analysis.syntax import (
     dotted_name,
@@ -252,6 +262,32 @@ _NEGATED_OPERATORS: dict[type, type] = {
 }
 
 
+def _flag_name(model: ModuleModel, test: cst.BaseExpression) -> Optional[str]:
+    """The lower-case name of a bare flag: `args.distributed` -> "distributed", a string key of a
+    config dict `cfg["horovod"]` / `cfg.get("horovod")` -> "horovod"; None for anything else."""
+    name = dotted_name(test)
+    if name is not None:
+        return last_segment(name).lower()
+    key: Optional[cst.BaseExpression] = None
+    if isinstance(test, cst.Subscript) and len(test.slice) == 1 and isinstance(test.slice[0].slice, cst.Index):
+        key = test.slice[0].slice.value
+    elif (isinstance(test, cst.Call) and isinstance(test.func, cst.Attribute) and test.func.attr.value == "get"
+          and test.args and test.args[0].keyword is None):
+        key = test.args[0].value
+    if isinstance(key, cst.SimpleString):
+        value = key.evaluated_value
+        return value.lower() if isinstance(value, str) else None
+    return None
+
+
+def _only_horovod_launches(model: ModuleModel) -> bool:
+    """Horovod is this module's only way of starting several processes (no process group, spawn,
+    DDP wrap or DeepSpeed of its own)."""
+    return bool(model.calls_named(*HOROVOD_INIT_CALLS)) and not model.calls_named(
+        INIT_PROCESS_GROUP, DDP_CLASS, *SPAWN_CALLS, *DEEPSPEED_INIT_CALLS
+    )
+
+
 def is_single_process_test(model: ModuleModel, test: cst.BaseExpression, negated: bool = False) -> bool:
     """True for a branch condition (its `else` side when `negated`) that holds only when the job is a
     single process: `not args.distributed`, `not dist.is_initialized()`, `args.local_rank == -1`,
@@ -275,13 +311,16 @@ def is_single_process_test(model: ModuleModel, test: cst.BaseExpression, negated
                 is_single_process_test(model, op) or _is_no_gpu_test(model, op) for op in operands
             )
         return False
-    if isinstance(test, cst.Call):
+    if isinstance(test, cst.Call) and last_segment(dotted_name(test.func) or "") != "get":
         callee = model.qualify(test.func) or dotted_name(test.func) or ""
         return negated and last_segment(callee) in _DISTRIBUTED_PREDICATES
-    name = dotted_name(test)
-    if name is not None:
-        last = last_segment(name).lower()
-        if any(word in last for word in ("distributed", "ddp", "multiprocessing")) or last in ("dist", "is_dist"):
+    flag = _flag_name(model, test)
+    if flag is not None:
+        if any(word in flag for word in ("distributed", "ddp", "multiprocessing")) or flag in ("dist", "is_dist"):
+            return negated
+        # `if cfg["horovod"]: ... else:` in a script that Horovod alone makes multi-process: the
+        # other side is the plain one-process run. (Where DDP is the alternative, it is not.)
+        if "horovod" in flag and _only_horovod_launches(model):
             return negated
         return False
     if not isinstance(test, cst.Comparison) or len(test.comparisons) != 1:

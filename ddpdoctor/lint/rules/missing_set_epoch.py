@@ -51,7 +51,10 @@ class MissingSetEpoch(Rule):
             for draw, epoch_loops in self._draws(fed):
                 for epoch_loop in epoch_loops:
                     key = (id(sampler), id(epoch_loop))
-                    if key in reported or self._reseeded_each_epoch(sampler, epoch_loop):
+                    # One pass (`for epoch in range(1):`): no second epoch can repeat the order.
+                    if key in reported or self.model.runs_at_most_once(epoch_loop):
+                        continue
+                    if self._reseeded_each_epoch(sampler, epoch_loop):
                         continue
                     within = self.model.calls_within(epoch_loop, depth=MAX_CALLERS)
                     setters = [c for c in within if c.attr == "set_epoch" and self._sets_epoch(c, sampler, fed)]
