@@ -244,7 +244,8 @@ def is_main_process_predicate(model: ModuleModel, expr: cst.BaseExpression, orde
 
 
 _DISTRIBUTED_PREDICATES = frozenset({"is_initialized", "is_available", "is_dist_avail_and_initialized", "is_distributed"})
-_NEGATED_OPERATORS: dict[type, type] = {
+# The operator of a comparison's negation (`not a > b` is `a <= b`), for reading `else` branches.
+NEGATED_OPERATORS: dict[type, type] = {
     cst.GreaterThan: cst.LessThanEqual,
     cst.GreaterThanEqual: cst.LessThan,
     cst.NotEqual: cst.Equal,
@@ -289,7 +290,7 @@ def is_single_process_test(model: ModuleModel, test: cst.BaseExpression, negated
     target = test.comparisons[0]
     operator = target.operator
     if negated:
-        flipped = _NEGATED_OPERATORS.get(type(operator))
+        flipped = NEGATED_OPERATORS.get(type(operator))
         if flipped is None:
             return False
         operator = flipped()
