@@ -16,7 +16,14 @@ from typing import Callable, Optional, Protocol, Sequence, Union
 
 import libcst as cst
 
-from ddpdoctor.lint.analysis.launch import NODE_INDEX_ENV, NODE_INDEX_NAMES, SPAWN_CALLS, env_copy_key, env_key
+from ddpdoctor.lint.analysis.launch import (
+    NODE_INDEX_ENV,
+    NODE_INDEX_NAMES,
+    PROCESS_GROUP_CALLS,
+    SPAWN_CALLS,
+    env_copy_key,
+    env_key,
+)
 from ddpdoctor.lint.analysis.model import MAX_DEPTH, Assignment, Call, Context, Function, Guard, ModuleModel, Route
 from ddpdoctor.lint.analysis.syntax import (
     dotted_name,
@@ -583,6 +590,23 @@ def spawn_targets(model: ModuleModel) -> frozenset[str]:
         return frozenset(names)
 
     return model.memoized(("spawn_targets",), compute, frozenset())
+
+
+def group_created_under_guard(model: ModuleModel, answer: WhoRuns, item: Call) -> bool:
+    """The condition that decided `answer` (who runs `item`) also guards the creation of the default
+    process group, earlier in the same block: `if sub_rank == 0: init_process_group(...); ...
+    all_reduce(t)`, where only the leaders of MPI sub-communicators join the torch group. Every
+    member of that group entered the branch, so a collective there is run by all of its members."""
+    guard = answer.guard
+    if guard is None:
+        return False
+    place = answer.via if answer.via is not None else item
+    return any(
+        setup.function is place.function
+        and setup.order < place.order
+        and any(outer is guard for outer in setup.ctx.guards)
+        for setup in model.calls_named(*PROCESS_GROUP_CALLS)
+    )
 
 
 def route_runs(model: ModuleModel, route: Union[Route, Sequence[Union[Call, Assignment]]], sink: _Located) -> Runs:
