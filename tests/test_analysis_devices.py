@@ -87,3 +87,76 @@ def test_not_uses_of_the_current_device(source: str) -> None:
 def test_uses_are_listed_in_the_order_written() -> None:
     source = "model = torch.nn.Linear(2, 2).cuda()\ndist.barrier()\ntorch.cuda.synchronize()\n"
     assert [line for line, _ in uses(source)] == [1, 2, 3]
+
+
+# ---- a machine with exactly one GPU (field evaluation 2026-11c: GPU 0 named where it is the only one)
+
+
+def one_gpu_branch(test: str, in_else: bool = False) -> bool:
+    """Whether `test` (its `else` side when `in_else`) holds only on a machine with one GPU, read
+    at the `target()` call in that branch."""
+    body = f"if {test}:\n    pass\nelse:\n    target()\n" if in_else else f"if {test}:\n    target()\n"
+    model = build_analysis(cst.parse_module(PRELUDE + "n = torch.cuda.device_count()\n" + body))
+    (guard,) = next(c for c in model.calls if c.dotted == "target").ctx.guards
+    return devices.is_one_gpu_test(model, guard.test, guard.order, guard.function, guard.negated)
+
+
+@pytest.mark.parametrize(
+    ("test", "in_else"),
+    [
+        ("torch.cuda.device_count() == 1", False),
+        ("1 == torch.cuda.device_count()", False),
+        ("torch.cuda.device_count() < 2", False),
+        ("torch.cuda.device_count() <= 1", False),
+        ("not torch.cuda.device_count() > 1", False),
+        ("torch.cuda.device_count() > 1", True),
+        ("torch.cuda.device_count() >= 2", True),
+        ("n == 1", False),  # the count held in a variable
+        ("n == 1 and local_rank >= 0", False),
+        ("n > 1 or local_rank < 0", True),
+    ],
+)
+def test_one_gpu_conditions(test: str, in_else: bool) -> None:
+    assert one_gpu_branch(test, in_else)
+
+
+@pytest.mark.parametrize(
+    ("test", "in_else"),
+    [
+        ("torch.cuda.device_count() > 1", False),
+        ("torch.cuda.device_count() == 1", True),
+        ("torch.cuda.device_count() == 2", False),
+        ("n == 1 or local_rank < 0", False),  # either may hold: not only on one GPU
+        ("args.n_gpu == 1", False),  # a count not read from torch (HF examples set it to 1 per process)
+        ("torch.cuda.is_available()", False),
+    ],
+)
+def test_not_one_gpu_conditions(test: str, in_else: bool) -> None:
+    assert not one_gpu_branch(test, in_else)
+
+
+def only_gpu(source: str) -> list[tuple[str, bool]]:
+    """(the literal, whether it is the only GPU there) for each hard-coded index reaching set_device."""
+    model = build_analysis(cst.parse_module(PRELUDE + textwrap.dedent(source)))
+    sink = model.calls_named("torch.cuda.set_device")[0]
+    indices = devices.device_indices(model, sink.arg(0), sink.order, sink.function)
+    return [(model.code_of(i.node), devices.names_the_only_gpu(model, i, sink)) for i in indices if i.kind == "literal"]
+
+
+def test_gpu_zero_assigned_on_the_one_gpu_path_is_the_only_gpu() -> None:
+    source = """
+    if torch.cuda.device_count() == 1:
+        gpu = 0
+    else:
+        gpu = 1
+    torch.cuda.set_device(gpu)
+    """
+    # GPU 1 on the several-GPU path is hard-coded all the same.
+    assert sorted(only_gpu(source)) == [("0", True), ("1", False)]
+
+
+def test_gpu_zero_at_a_sink_under_the_one_gpu_test() -> None:
+    assert only_gpu("if torch.cuda.device_count() < 2:\n    torch.cuda.set_device(0)\n") == [("0", True)]
+    # GPU 1 does not exist on a one-GPU machine: no reason to excuse it here.
+    assert only_gpu("if torch.cuda.device_count() < 2:\n    torch.cuda.set_device(1)\n") == [("1", False)]
+    assert only_gpu("torch.cuda.set_device(0)\n") == [("0", False)]

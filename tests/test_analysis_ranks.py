@@ -9,6 +9,7 @@ import libcst as cst
 import pytest
 
 from ddpdoctor.lint.analysis import Runs, build_analysis, route_runs, who_runs
+from ddpdoctor.lint.analysis.ranks import group_created_under_guard
 
 PRELUDE = """\
 import os
@@ -226,6 +227,13 @@ def test_single_process_or_no_gpu(test: str, expected: Runs) -> None:
 HOROVOD_ONLY = "import horovod.torch as hvd\nhvd.init()\n"
 
 
+def group_created(source: str) -> bool:
+    """`group_created_under_guard` for the `target()` call of a snippet."""
+    model = build_analysis(cst.parse_module(PRELUDE + textwrap.dedent(source)))
+    (call,) = [c for c in model.calls if c.dotted == "target"]
+    return group_created_under_guard(model, who_runs(model, call), call)
+
+
 @pytest.mark.parametrize(
     ("source", "expected"),
     [
@@ -248,3 +256,23 @@ HOROVOD_ONLY = "import horovod.torch as hvd\nhvd.init()\n"
 )
 def test_single_process_flags(source: str, expected: Runs) -> None:
     assert runs(source) is expected
+
+
+@pytest.mark.parametrize(
+    ("source", "expected"),
+    [
+        # the leaders of MPI sub-communicators create the group in their branch: all its members are there
+        ("if sub_rank == 0:\n    dist.init_process_group('gloo')\n    target()\n", True),
+        ("def main():\n    if sub_rank != 0:\n        return\n    dist.init_process_group('gloo')\n    target()\nmain()\n", True),
+        # the group created by every rank before the branch
+        ("dist.init_process_group('gloo')\nif dist.get_rank() == 0:\n    target()\n", False),
+        # created in the branch, but a nested rank test decides who runs the call
+        ("if sub_rank == 0:\n    dist.init_process_group('gloo')\n    if dist.get_rank() == 0:\n        target()\n", False),
+        # created after the call, or in another branch
+        ("if sub_rank == 0:\n    target()\n    dist.init_process_group('gloo')\n", False),
+        ("if sub_rank == 0:\n    dist.init_process_group('gloo')\nif sub_rank == 0:\n    target()\n", False),
+        ("if sub_rank == 0:\n    dist.init_process_group('gloo')\nelse:\n    target()\n", False),
+    ],
+)
+def test_group_created_under_the_guard(source: str, expected: bool) -> None:
+    assert group_created(source) is expected

@@ -13,8 +13,8 @@ import libcst as cst
 from ddpdoctor.lint.analysis.harness import in_test_case
 from ddpdoctor.lint.analysis.launch import DDP_CLASS, INIT_PROCESS_GROUP, runs_in_module
 from ddpdoctor.lint.analysis.model import MAX_DEPTH, Assignment, Call, Function, ModuleModel
-from ddpdoctor.lint.analysis.ranks import Runs, rank_source, who_runs
-from ddpdoctor.lint.analysis.syntax import dotted_name, walk
+from ddpdoctor.lint.analysis.ranks import NEGATED_OPERATORS, Runs, rank_source, who_runs
+from ddpdoctor.lint.analysis.syntax import dotted_name, literal_int, walk
 
 BARRIER = "torch.distributed.barrier"
 # Calls that make a device the process's current one (a call or a `with` context).
@@ -238,6 +238,83 @@ def _device_index_of(
     if ints or dotted_name(value) is not None:
         return [DeviceIndex("expr", value, order, function)]
     return [DeviceIndex("other", value, order, function)]
+
+
+# ------------------------------------------------------------- a machine with exactly one GPU
+# A script that also runs on a one-GPU machine often says so: `if torch.cuda.device_count() == 1:`
+# (every process then shares the only device, over gloo), `else:` each takes its own. GPU 0 named on
+# that path is the only device there is, not a hard-coded choice among several.
+
+DEVICE_COUNT_CALLS = frozenset({"torch.cuda.device_count", "torch.accelerator.device_count"})
+# `count OP bound` that holds only when the count is at most one.
+_AT_MOST_ONE = ((cst.Equal, 1), (cst.LessThanEqual, 1), (cst.LessThan, 2))
+_MIRRORED: dict[type, type] = {
+    cst.Equal: cst.Equal, cst.NotEqual: cst.NotEqual, cst.LessThan: cst.GreaterThan,
+    cst.GreaterThan: cst.LessThan, cst.LessThanEqual: cst.GreaterThanEqual, cst.GreaterThanEqual: cst.LessThanEqual,
+}
+
+
+def is_one_gpu_test(
+    model: ModuleModel,
+    test: cst.BaseExpression,
+    order: int,
+    function: Optional[Function],
+    negated: bool = False,
+    depth: int = 0,
+) -> bool:
+    """True for a branch condition (its `else` side when `negated`) that holds only on a machine
+    with at most one GPU: `torch.cuda.device_count() == 1`, `< 2`, `<= 1`, `not count > 1`, the
+    `else` of `count > 1`, through a variable holding the count (`n = torch.cuda.device_count()`)
+    or the comparison (`single = n == 1`). A count not read from torch (`args.n_gpu == 1`, which
+    the Hugging Face examples set to 1 in every distributed process) is not one."""
+    if depth > MAX_DEPTH:
+        return False
+    if isinstance(test, cst.UnaryOperation) and isinstance(test.operator, cst.Not):
+        return is_one_gpu_test(model, test.expression, order, function, not negated, depth + 1)
+    if isinstance(test, cst.BooleanOperation):
+        # `a and b` holds only if both do; the `else` of `a or b` only if neither does.
+        if isinstance(test.operator, cst.And) is not negated:
+            return any(is_one_gpu_test(model, side, order, function, negated, depth + 1) for side in (test.left, test.right))
+        return False
+    if isinstance(test, cst.Comparison):
+        if len(test.comparisons) != 1:
+            return False
+        operator: type = type(test.comparisons[0].operator)
+        left, right = test.left, test.comparisons[0].comparator
+        if literal_int(left) is not None:
+            left, right, operator = right, left, _MIRRORED.get(operator, type(None))
+        if negated:
+            operator = NEGATED_OPERATORS.get(operator, type(None))
+        bound = literal_int(right)
+        return any(operator is op and bound == value for op, value in _AT_MOST_ONE) and _is_device_count(
+            model, left, order, function
+        )
+    if dotted_name(test) is not None:
+        # A flag bound to the comparison, on every path that reaches the test.
+        values = [v for v in model.reaching_values(test, order, function) if v is not test]
+        return bool(values) and all(is_one_gpu_test(model, v, order, function, negated, depth + 1) for v in values)
+    return False
+
+
+def _is_device_count(model: ModuleModel, expr: cst.BaseExpression, order: int, function: Optional[Function]) -> bool:
+    """`torch.cuda.device_count()`, or a variable that holds it on every path."""
+    leaves = model.leaf_values(expr, order, function)
+    return bool(leaves) and all(
+        isinstance(value, cst.Call) and model.qualify(value.func) in DEVICE_COUNT_CALLS for value, _, _ in leaves
+    )
+
+
+def names_the_only_gpu(model: ModuleModel, index: DeviceIndex, sink: Call) -> bool:
+    """A hard-coded GPU 0 that reaches `sink` only on a path where this machine has one GPU: the
+    sink itself, or a step of the value's path (the assignment, a call site), sits under a one-GPU
+    condition. Then device 0 is the only device, which every process must share."""
+    if index.kind != "literal" or index.index != 0:
+        return False
+    return any(
+        is_one_gpu_test(model, guard.test, guard.order, guard.function, guard.negated)
+        for step in (sink, *index.via)
+        for guard in step.ctx.guards
+    )
 
 
 # ------------------------------------------------------------------ uses of the current CUDA device

@@ -23,6 +23,7 @@ from ddpdoctor.lint.analysis.launch import (
     INIT_PROCESS_GROUP,
     NODE_INDEX_ENV,
     NODE_INDEX_NAMES,
+    PROCESS_GROUP_CALLS,
     SPAWN_CALLS,
     env_copy_key,
     env_key,
@@ -254,7 +255,8 @@ def is_main_process_predicate(model: ModuleModel, expr: cst.BaseExpression, orde
 
 
 _DISTRIBUTED_PREDICATES = frozenset({"is_initialized", "is_available", "is_dist_avail_and_initialized", "is_distributed"})
-_NEGATED_OPERATORS: dict[type, type] = {
+# The operator of a comparison's negation (`not a > b` is `a <= b`), for reading `else` branches.
+NEGATED_OPERATORS: dict[type, type] = {
     cst.GreaterThan: cst.LessThanEqual,
     cst.GreaterThanEqual: cst.LessThan,
     cst.NotEqual: cst.Equal,
@@ -328,7 +330,7 @@ def is_single_process_test(model: ModuleModel, test: cst.BaseExpression, negated
     target = test.comparisons[0]
     operator = target.operator
     if negated:
-        flipped = _NEGATED_OPERATORS.get(type(operator))
+        flipped = NEGATED_OPERATORS.get(type(operator))
         if flipped is None:
             return False
         operator = flipped()
@@ -621,6 +623,23 @@ def spawn_targets(model: ModuleModel) -> frozenset[str]:
         return frozenset(names)
 
     return model.memoized(("spawn_targets",), compute, frozenset())
+
+
+def group_created_under_guard(model: ModuleModel, answer: WhoRuns, item: Call) -> bool:
+    """The condition that decided `answer` (who runs `item`) also guards the creation of the default
+    process group, earlier in the same block: `if sub_rank == 0: init_process_group(...); ...
+    all_reduce(t)`, where only the leaders of MPI sub-communicators join the torch group. Every
+    member of that group entered the branch, so a collective there is run by all of its members."""
+    guard = answer.guard
+    if guard is None:
+        return False
+    place = answer.via if answer.via is not None else item
+    return any(
+        setup.function is place.function
+        and setup.order < place.order
+        and any(outer is guard for outer in setup.ctx.guards)
+        for setup in model.calls_named(*PROCESS_GROUP_CALLS)
+    )
 
 
 def route_runs(model: ModuleModel, route: Union[Route, Sequence[Union[Call, Assignment]]], sink: _Located) -> Runs:

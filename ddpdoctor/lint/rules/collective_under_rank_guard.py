@@ -6,7 +6,7 @@ from typing import Optional
 
 import libcst as cst
 
-from ddpdoctor.lint.analysis import Call, ModuleModel, Runs, WhoRuns, decided_by_guards, who_runs
+from ddpdoctor.lint.analysis import Call, ModuleModel, Runs, WhoRuns, decided_by_guards, ranks, who_runs
 from ddpdoctor.lint.rules.base import Rule
 
 # Every rank of the (default) group must enter these; send/recv/isend/irecv are point-to-point
@@ -118,7 +118,7 @@ class CollectiveUnderRankGuard(Rule):
             if name is None or on_subgroup(self.model, call):
                 continue
             runs = who_runs(self.model, call)
-            if runs.some_ranks:
+            if runs.some_ranks and not ranks.group_created_under_guard(self.model, runs, call):
                 guarded.append((call, name, runs))
         reached = self._through_project_helpers()
         guarded.extend((call, name, runs) for call, name, runs, _ in reached)
@@ -166,7 +166,7 @@ class CollectiveUnderRankGuard(Rule):
             if (call.name or "").startswith(("torch.", "horovod.")):
                 continue
             runs = who_runs(self.model, call)
-            if not runs.some_ranks:
+            if not runs.some_ranks or ranks.group_created_under_guard(self.model, runs, call):
                 continue  # cheap test first: linking reads and parses the other module
             linked = self.model.linked_function(call)
             if linked is None:

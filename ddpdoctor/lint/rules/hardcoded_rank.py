@@ -117,6 +117,8 @@ class HardcodedRank(Rule):
             # Only the values that reach this call on a path where several processes run it: `gpu = 0`
             # in the single-process `else:` (or a call site under rank 0) is not a multi-process bug.
             live = [i for i in indices if route_runs(model, i.via, call) not in (Runs.RANK0, Runs.SINGLE)]
+            # GPU 0 under `if torch.cuda.device_count() == 1:` is the only device: sharing it is the point.
+            live = [i for i in live if not devices.names_the_only_gpu(model, i, call)]
             literals = [i for i in live if i.kind == "literal"]
             if not literals or any(id(i.node) in reported for i in literals):
                 continue
