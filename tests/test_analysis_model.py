@@ -86,6 +86,24 @@ def test_unpacked_rank_through_a_local_helper() -> None:
     assert ranks.rank_source(model, y.value, y.order, None) is None
 
 
+def test_a_returned_local_is_read_inside_the_helper_that_returns_it() -> None:
+    model = model_of(
+        """
+        import os
+        def local_rank():
+            value = int(os.environ["LOCAL_RANK"])
+            return value
+        gpu = local_rank()
+        x = gpu
+        value = 3
+        y = local_rank()
+        """
+    )
+    x, y = model.assignments_to("x")[0], model.assignments_to("y")[0]
+    assert ranks.rank_source(model, x.value, x.order, None) == "local"
+    assert ranks.rank_source(model, y.value, y.order, None) == "local"
+
+
 def test_linked_function_in_another_project_module(tmp_path: pathlib.Path) -> None:
     (tmp_path / "pkg").mkdir()
     (tmp_path / "pkg" / "__init__.py").write_text("")
@@ -137,3 +155,27 @@ def test_function_summaries() -> None:
     assert found is not None and found[1] == "path"
     for name in ("save_guarded", "serialise", "shard", "evaluate"):
         assert summaries.unguarded_save(model, fn[name]) is None, name
+
+
+def test_star_import_of_a_project_module_hands_on_only_its_public_imports(tmp_path: pathlib.Path) -> None:
+    (tmp_path / "common.py").write_text("import torch.distributed as _dist\nfrom torch.cuda import set_device\n")
+    main = tmp_path / "train.py"
+    source = "from common import *\nset_device(0)\n_dist.barrier()\n"
+    main.write_text(source)
+    model = model_of(source, str(main), ProjectSources.for_paths([tmp_path]))
+    assert [c.name for c in model.calls] == ["torch.cuda.set_device", None]
+
+
+def test_linked_function_through_a_relatively_imported_submodule(tmp_path: pathlib.Path) -> None:
+    (tmp_path / "pkg" / "utils").mkdir(parents=True)
+    for init in ("pkg/__init__.py", "pkg/utils/__init__.py"):
+        (tmp_path / init).write_text("")
+    (tmp_path / "pkg" / "utils" / "ckpt.py").write_text("import torch\ndef save(m, p):\n    torch.save(m, p)\n")
+    main = tmp_path / "pkg" / "main.py"
+    source = "from .utils import ckpt\nckpt.save(model, 'x.pt')\n"
+    main.write_text(source)
+    model = model_of(source, str(main), ProjectSources.for_paths([tmp_path]))
+    linked = model.linked_function(model.calls[0])
+    assert linked is not None
+    other, function = linked
+    assert function.name == "save" and pathlib.Path(other.path) == tmp_path / "pkg" / "utils" / "ckpt.py"

@@ -221,10 +221,14 @@ def _entry(text: str, change: "object") -> str:
         lambda text: _entry(text, lambda v: v[1][0].__setitem__("line", "2")),
         lambda text: _entry(text, lambda v: v[1][0].__setitem__("severity", "fatal")),
         lambda text: _entry(text, lambda v: v.append("extra")),
+        lambda text: _entry(text, lambda v: v[1][0]["fix"]["edits"][0].__setitem__("column", 0)),
+        lambda text: _entry(text, lambda v: v[1][0]["fix"]["edits"][0].__setitem__("end_line", 5)),
+        lambda text: _entry(text, lambda v: v[1][0]["fix"]["edits"][0].__setitem__("content", 7)),
     ],
     ids=[
         "deep-nesting", "wrong-entry-shape", "not-an-object", "findings-not-a-list", "impossible-line",
         "line-after-end", "unknown-code", "code-not-selected", "line-not-int", "bad-severity", "extra-field",
+        "fix-column-zero", "fix-past-the-end", "fix-content-not-text",
     ],
 )
 def test_a_corrupted_cache_entry_is_a_miss(tmp_path: Path, mangle: "object") -> None:

@@ -52,6 +52,18 @@ def test_minus_one_check_stays_unclassified_in_else() -> None:
     assert classify("RANK != -1", negated=True) is None
 
 
+@pytest.mark.parametrize(
+    ("test", "expected"),
+    [
+        ("not RANK != 0", "nonzero"),  # the else of `if not rank != 0:`
+        ("RANK == 0 or RANK == 1", "nonzero"),  # De Morgan: neither 0 nor 1, so never rank 0
+        ("RANK != 0 and dist.get_rank() != 0", "rank0"),
+    ],
+)
+def test_else_side_of_combined_tests(test: str, expected: str) -> None:
+    assert classify(test, negated=True) == expected
+
+
 YOLO_STYLE_EARLY_STOP = PRELUDE + """\
 import torch.distributed as dist
 dist.init_process_group("nccl")

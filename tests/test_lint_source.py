@@ -1,0 +1,46 @@
+"""`lint_source`, the in-memory entry point (stdin and the public API): it honours the settings'
+per-file ignores for the path it is given, applies unsafe fixes only when asked, and reports bytes
+it cannot decode as one DDP999 at the offending byte."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from ddpdoctor.config import Settings
+from ddpdoctor.lint.engine import lint_source
+
+FIXES = Path(__file__).resolve().parent.parent / "fixtures" / "fixes"
+AMP = "import torch\nscaler = torch.cuda.amp.GradScaler()\n"
+
+
+def test_per_file_ignores_apply_to_the_path_given() -> None:
+    settings = Settings(select=("AMP001",), per_file_ignores=(("tests/*", ("AMP001",)),))
+    assert [f.code for f in lint_source(AMP, "train.py", settings).findings] == ["AMP001"]
+    assert lint_source(AMP, "tests/test_amp.py", settings).findings == []
+
+
+def test_unsafe_fixes_only_when_asked() -> None:
+    source = (FIXES / "DDP001" / "conditional_sampler_not_applied.in.py").read_text()
+    settings = Settings(select=("DDP001",))
+    safe = lint_source(source, "train.py", settings, fix=True)
+    assert safe.fixed_source in (None, source) and [f.code for f in safe.findings] == ["DDP001"]
+    unsafe = lint_source(source, "train.py", settings, fix=True, unsafe_fixes=True)
+    assert unsafe.fixed_source is not None and ".set_epoch(epoch)" in unsafe.fixed_source
+    assert unsafe.findings == []
+
+
+@pytest.mark.parametrize(
+    "data, line, column, message",
+    [
+        (b"import torch\nx = 1\ny = '\xff'\n", 3, 6, "cannot decode as utf-8: invalid byte 0xff"),
+        (b"x = 1\n\n\xfe = 1\n", 3, 1, "cannot decode as utf-8: invalid byte 0xfe"),
+        (b"# -*- coding: latin-9000 -*-\nx = 1\n", 1, 1, "cannot decode: unknown encoding: latin-9000"),
+    ],
+    ids=["third-line", "first-column", "unknown-coding-cookie"],
+)
+def test_undecodable_bytes_are_one_ddp999_at_the_byte(data: bytes, line: int, column: int, message: str) -> None:
+    (finding,) = lint_source(data, "t.py", Settings(select=("DDP999",))).findings
+    assert (finding.code, finding.path, finding.line, finding.column) == ("DDP999", "t.py", line, column)
+    assert finding.message == message
