@@ -179,3 +179,29 @@ def test_linked_function_through_a_relatively_imported_submodule(tmp_path: pathl
     assert linked is not None
     other, function = linked
     assert function.name == "save" and pathlib.Path(other.path) == tmp_path / "pkg" / "utils" / "ckpt.py"
+
+
+def test_nested_functions_inside_methods_see_the_class() -> None:
+    model = model_of(
+        """
+        import os
+        class Trainer:
+            def __init__(self):
+                self.rank = int(os.environ["LOCAL_RANK"])
+            def train(self, loader):
+                def step(batch):
+                    device = self.rank
+                    log(batch)
+                for batch in loader:
+                    step(batch)
+                    step(batch)
+        """
+    )
+    step = model.functions_named("step")[0]
+    assert step.qualname == "Trainer.train.<locals>.step"
+    (device,) = model.assignments_to("device")
+    (bound,) = model.reaching_assignments("self.rank", device.order, step)
+    assert bound.function is not None and bound.function.name == "__init__"
+    # both calls of the helper run its body: its call to log() is one call, listed once
+    (loop,) = model.loops
+    assert [c.dotted for c in model.calls_within(loop, depth=1)] == ["step", "step", "log"]

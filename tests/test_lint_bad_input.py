@@ -239,6 +239,14 @@ def test_an_intact_cache_entry_is_a_hit(tmp_path: Path) -> None:
     assert _cache_with(tmp_path, lambda text: text) == ["2 AMP001 cached"]
 
 
+def test_a_file_with_old_mac_line_endings_is_a_cache_hit(tmp_path: Path) -> None:
+    (tmp_path / "t.py").write_bytes(b"import torch\r\r\rscaler = torch.cuda.amp.GradScaler()\r")
+    settings = Settings(select=("AMP001",))
+    lint_paths([str(tmp_path / "t.py")], settings, cache_root=tmp_path)
+    run, _ = lint_paths([str(tmp_path / "t.py")], settings, cache_root=tmp_path)
+    assert [(f.line, f.code) for f in run.findings] == [(4, "AMP001")] and run.files[0].cached
+
+
 def test_cache_get_rejects_a_finding_for_a_line_the_file_does_not_have(tmp_path: Path) -> None:
     cache = ResultCache(tmp_path, "k")
     (tmp_path / "t.py").write_text(AMP)

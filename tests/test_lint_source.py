@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 
 from ddpdoctor.config import Settings
-from ddpdoctor.lint.engine import lint_source
+from ddpdoctor.lint import isolation
+from ddpdoctor.lint.engine import lint_bytes, lint_source
 
 FIXES = Path(__file__).resolve().parent.parent / "fixtures" / "fixes"
 AMP = "import torch\nscaler = torch.cuda.amp.GradScaler()\n"
@@ -44,3 +45,19 @@ def test_undecodable_bytes_are_one_ddp999_at_the_byte(data: bytes, line: int, co
     (finding,) = lint_source(data, "t.py", Settings(select=("DDP999",))).findings
     assert (finding.code, finding.path, finding.line, finding.column) == ("DDP999", "t.py", line, column)
     assert finding.message == message
+
+
+def test_lint_bytes_gives_up_past_its_limits() -> None:
+    data = b"import torch\nscaler = torch.cuda.amp.GradScaler()\n" * 400
+    codes = frozenset({"AMP001", "DDP999"})
+    big = lint_bytes(data, "t.py", codes, limits=isolation.Limits(max_bytes=1000))
+    assert [(f.code, f.path, f.message) for f in big.findings] == [
+        ("DDP999", "t.py", "larger than 0.00095 MB: skipped (see max-file-size)")
+    ]
+    assert not big.transient  # the same file is as large on the next run: cacheable
+    slow = lint_bytes(data, "t.py", codes, limits=isolation.Limits(timeout_s=0.001))
+    assert [(f.code, f.path, f.message) for f in slow.findings] == [
+        ("DDP999", "t.py", "analysis exceeded its time budget (0.001 s)")
+    ]
+    assert slow.transient  # a time budget may pass on a quieter machine: never cached
+    assert lint_bytes(data, "t.py", frozenset({"AMP001"}), limits=isolation.Limits(max_bytes=1000)).findings == []

@@ -98,3 +98,44 @@ def test_collective_in_a_helper_module_names_the_guard_line(tmp_path: Path) -> N
     assert "reaches the collective torch.distributed.barrier (" in finding.message
     assert "sync.py line 5)" in finding.message
     assert "only called by the main process (guarded at line 4)" in finding.message
+
+
+def test_world_size_message_names_the_option_that_spans_nodes() -> None:
+    fixture = Path(__file__).resolve().parent.parent / "fixtures" / "DDP005" / "multinode_spawn_nodes_flag.py"
+    (message,) = messages(fixture.read_text(), "DDP005")
+    assert "world_size is torch.cuda.device_count() (line 16)" in message
+    assert "launched in a way that can span nodes (option --nodes at line 39)" in message
+
+
+def test_hard_coded_device_message_names_the_argument() -> None:
+    (message,) = messages(
+        """
+        import os
+        import torch
+        import torch.distributed as dist
+        from torch.nn.parallel import DistributedDataParallel as DDP
+        dist.init_process_group("nccl")
+        local_rank = int(os.environ["LOCAL_RANK"])
+        torch.cuda.set_device(local_rank)
+        model = DDP(net.cuda(), device_ids=[local_rank], output_device=0)
+        """,
+        "DDP003",
+    )
+    assert message.startswith(
+        "output_device is given the hard-coded device 0 in a multi-process script (init_process_group at line 6)"
+    )
+
+
+def test_unpinned_nccl_message_lists_what_would_pin_the_gpu() -> None:
+    (message,) = messages(
+        """
+        import torch.distributed as dist
+        dist.init_process_group("nccl")
+        model = net.cuda()
+        """,
+        "DDP011",
+    )
+    assert message.startswith(
+        "NCCL process group initialised but this script never pins its GPU (no torch.cuda.set_device, "
+        "torch.cuda.device or device_id=): whatever does not name a device (bare .cuda(), object collectives)"
+    )

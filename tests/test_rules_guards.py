@@ -91,6 +91,21 @@ def test_collective_under_rank_zero_is_reported_with_guard_line() -> None:
     assert "guarded at line 6" in findings[0].message
 
 
+@pytest.mark.parametrize(
+    ("group", "reported"),
+    [
+        ("", True),
+        (", group=dist.group.WORLD", True),  # the default group spelled out is every rank's
+        (", group=None", True),
+        (", group=evens", False),  # a subgroup: guarding it to its members is how it is used
+    ],
+)
+def test_collective_on_the_world_group_under_rank_zero_is_reported(group: str, reported: bool) -> None:
+    source = PRELUDE + f"dist.init_process_group('nccl')\nevens = dist.new_group([0, 2])\nif RANK == 0:\n    dist.barrier({group.lstrip(', ')})\n"
+    findings = lint_source(source, "train.py", Settings(select=("DDP009",))).findings
+    assert [(f.code, f.line) for f in findings] == ([("DDP009", 8)] if reported else [])
+
+
 def test_save_under_untraceable_zero_check_is_undecidable() -> None:
     # `self.gpu_id` is an mp.spawn index we cannot trace to a rank: stay silent.
     source = """\
