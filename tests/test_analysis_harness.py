@@ -23,3 +23,9 @@ def test_in_test_case_by_class_name(klass: str, expected: bool) -> None:
 def test_module_level_calls_are_in_no_test_case() -> None:
     model = build_analysis(cst.parse_module("def main():\n    target()\ntarget()\n"))
     assert [harness.in_test_case(c) for c in model.calls] == [False, False]
+
+
+def test_a_class_body_of_a_test_case_is_in_it() -> None:
+    source = "import torch\nclass TestDevices:\n    device = torch.device('cuda:0')\nclass Config:\n    device = torch.device('cuda:0')\n"
+    model = build_analysis(cst.parse_module(source))
+    assert [harness.in_test_case(c) for c in model.calls] == [True, False]

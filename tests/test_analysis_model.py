@@ -205,3 +205,37 @@ def test_nested_functions_inside_methods_see_the_class() -> None:
     # both calls of the helper run its body: its call to log() is one call, listed once
     (loop,) = model.loops
     assert [c.dotted for c in model.calls_within(loop, depth=1)] == ["step", "step", "log"]
+
+
+def test_assignment_kinds_and_statements() -> None:
+    model = model_of(
+        """
+        def main(path, steps):
+            with open(path) as handle:
+                total = 0
+            for step in range(steps):
+                total += step
+            first, *rest = steps
+        """
+    )
+    found = [(a.target, a.kind, model.line_of(a.node)) for a in model.assignments]
+    assert found == [
+        ("path", "param", 2), ("steps", "param", 2), ("handle", "with", 3), ("total", "assign", 4),
+        ("step", "for", 5), ("total", "augassign", 6), ("first", "unpack", 7), ("rest", "unpack", 7),
+    ]
+
+
+def test_the_else_guard_belongs_to_its_function() -> None:
+    model = model_of(
+        """
+        import torch.distributed as dist
+        def main():
+            if dist.get_rank() != 0:
+                pass
+            else:
+                target()
+        """
+    )
+    answer = ranks.who_runs(model, model.calls[-1])
+    assert answer.guard is not None and answer.guard.negated
+    assert answer.guard.function is not None and answer.guard.function.name == "main"

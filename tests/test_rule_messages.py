@@ -139,3 +139,41 @@ def test_unpinned_nccl_message_lists_what_would_pin_the_gpu() -> None:
         "NCCL process group initialised but this script never pins its GPU (no torch.cuda.set_device, "
         "torch.cuda.device or device_id=): whatever does not name a device (bare .cuda(), object collectives)"
     )
+
+
+def test_dataparallel_uneven_batch_through_variables() -> None:
+    (message,) = messages(
+        """
+        import argparse
+        import torch
+        from torch.utils.data import DataLoader
+        args = argparse.Namespace()
+        args.batch_size = 10
+        gpus = list(range(3))
+        loader = DataLoader(dataset, batch_size=args.batch_size)
+        model = torch.nn.DataParallel(net, device_ids=gpus).cuda()
+        for x, y in loader:
+            model(x.cuda()).sum().backward()
+        """,
+        "DP001",
+    )
+    assert "each batch of 10 (DataLoader at line 8) over 3 GPUs (device_ids at line 9) into chunks of 4, 4, 2:" in message
+
+
+def test_clip_after_the_scaler_step_names_the_step() -> None:
+    (message,) = messages(
+        """
+        import torch
+        scalers = [torch.amp.GradScaler("cuda")]
+        for x in loader:
+            scalers[0].scale(model(x).sum()).backward()
+            scalers[0].step(optimizer)
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            scalers[0].update()
+        """,
+        "AMP002",
+    )
+    assert message.startswith(
+        "torch.nn.utils.clip_grad_norm_() runs after `scalers[0].step(optimizer)` at line 6: the optimizer already "
+        "stepped with unclipped gradients"
+    )
