@@ -40,6 +40,8 @@ def target(model: ModuleModel):  # type: ignore[no-untyped-def]
         ("machine_rank = 0\nif 0 == machine_rank:\n    target()\n", Runs.NODE0),
         ("step = 0\nnode_rank = 1\nif step % 10 == 0 and node_rank == 0:\n    target()\n", Runs.NODE0),
         ("node_rank = 1\nif node_rank in [0]:\n    target()\n", Runs.NODE0),
+        # a name of any spelling bound to the node index
+        ("node = int(os.environ['SLURM_NODEID'])\nif node == 0:\n    target()\n", Runs.NODE0),
         # `!=`, `or` and the `else` side do not restrict to node 0 (a zero test on a non-rank stays undecidable).
         ("node_rank = 1\nif node_rank != 0:\n    target()\n", Runs.UNKNOWN),
         ("node_rank = 1\nok = True\nif ok or node_rank == 0:\n    target()\n", Runs.UNKNOWN),
@@ -90,6 +92,9 @@ def test_n_gpu_idiom(value: str, expected: Runs) -> None:
         # built in steps (`args.rank += gpu` after `node * ngpus`): not certainly local
         ("args.rank == 0", {"global"}),
         ("stepped.rank == 0", {"unknown"}),
+        ("not (dist.get_rank() != 0)", {"global"}),
+        # the operand true only in distributed runs says nothing about which rank
+        ("args.distributed and dist.get_rank() == 0", {"global"}),
     ],
 )
 def test_guard_rank_kinds(test: str, kinds: set[str]) -> None:

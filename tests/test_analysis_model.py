@@ -115,6 +115,24 @@ def test_origin_calls_through_an_unpacked_tuple_return() -> None:
     assert model.origin_calls(other.value, other.order, None) == []
 
 
+def test_a_returned_local_is_read_inside_the_helper_that_returns_it() -> None:
+    model = model_of(
+        """
+        import os
+        def local_rank():
+            value = int(os.environ["LOCAL_RANK"])
+            return value
+        gpu = local_rank()
+        x = gpu
+        value = 3
+        y = local_rank()
+        """
+    )
+    x, y = model.assignments_to("x")[0], model.assignments_to("y")[0]
+    assert ranks.rank_source(model, x.value, x.order, None) == "local"
+    assert ranks.rank_source(model, y.value, y.order, None) == "local"
+
+
 def test_linked_function_in_another_project_module(tmp_path: pathlib.Path) -> None:
     (tmp_path / "pkg").mkdir()
     (tmp_path / "pkg" / "__init__.py").write_text("")
@@ -315,3 +333,87 @@ def test_loops_that_run_at_most_once() -> None:
     assert [model.runs_at_most_once(loop) for loop in model.loops] == [
         True, True, True, False, False, False, False, False, False,
     ]
+
+
+def test_star_import_of_a_project_module_hands_on_only_its_public_imports(tmp_path: pathlib.Path) -> None:
+    (tmp_path / "common.py").write_text("import torch.distributed as _dist\nfrom torch.cuda import set_device\n")
+    main = tmp_path / "train.py"
+    source = "from common import *\nset_device(0)\n_dist.barrier()\n"
+    main.write_text(source)
+    model = model_of(source, str(main), ProjectSources.for_paths([tmp_path]))
+    assert [c.name for c in model.calls] == ["torch.cuda.set_device", None]
+
+
+def test_linked_function_through_a_relatively_imported_submodule(tmp_path: pathlib.Path) -> None:
+    (tmp_path / "pkg" / "utils").mkdir(parents=True)
+    for init in ("pkg/__init__.py", "pkg/utils/__init__.py"):
+        (tmp_path / init).write_text("")
+    (tmp_path / "pkg" / "utils" / "ckpt.py").write_text("import torch\ndef save(m, p):\n    torch.save(m, p)\n")
+    main = tmp_path / "pkg" / "main.py"
+    source = "from .utils import ckpt\nckpt.save(model, 'x.pt')\n"
+    main.write_text(source)
+    model = model_of(source, str(main), ProjectSources.for_paths([tmp_path]))
+    linked = model.linked_function(model.calls[0])
+    assert linked is not None
+    other, function = linked
+    assert function.name == "save" and pathlib.Path(other.path) == tmp_path / "pkg" / "utils" / "ckpt.py"
+
+
+def test_nested_functions_inside_methods_see_the_class() -> None:
+    model = model_of(
+        """
+        import os
+        class Trainer:
+            def __init__(self):
+                self.rank = int(os.environ["LOCAL_RANK"])
+            def train(self, loader):
+                def step(batch):
+                    device = self.rank
+                    log(batch)
+                for batch in loader:
+                    step(batch)
+                    step(batch)
+        """
+    )
+    step = model.functions_named("step")[0]
+    assert step.qualname == "Trainer.train.<locals>.step"
+    (device,) = model.assignments_to("device")
+    (bound,) = model.reaching_assignments("self.rank", device.order, step)
+    assert bound.function is not None and bound.function.name == "__init__"
+    # both calls of the helper run its body: its call to log() is one call, listed once
+    (loop,) = model.loops
+    assert [c.dotted for c in model.calls_within(loop, depth=1)] == ["step", "step", "log"]
+
+
+def test_assignment_kinds_and_statements() -> None:
+    model = model_of(
+        """
+        def main(path, steps):
+            with open(path) as handle:
+                total = 0
+            for step in range(steps):
+                total += step
+            first, *rest = steps
+        """
+    )
+    found = [(a.target, a.kind, model.line_of(a.node)) for a in model.assignments]
+    assert found == [
+        ("path", "param", 2), ("steps", "param", 2), ("handle", "with", 3), ("total", "assign", 4),
+        ("step", "for", 5), ("total", "augassign", 6), ("first", "unpack", 7), ("rest", "unpack", 7),
+    ]
+
+
+def test_the_else_guard_belongs_to_its_function() -> None:
+    model = model_of(
+        """
+        import torch.distributed as dist
+        def main():
+            if dist.get_rank() != 0:
+                pass
+            else:
+                target()
+        """
+    )
+    answer = ranks.who_runs(model, model.calls[-1])
+    assert answer.guard is not None and answer.guard.negated
+    assert answer.guard.function is not None and answer.guard.function.name == "main"

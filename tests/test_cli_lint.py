@@ -394,3 +394,14 @@ def test_fix_on_stdin_prints_the_fixed_source(tmp_path: Path) -> None:
     assert result.exit_code == 0
     assert 'torch.autocast("cuda")' in result.output
     assert "torch.cuda.amp" not in result.output
+
+
+def test_a_cached_result_on_a_terminal_still_shows_its_code_frame(
+    project: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("FORCE_COLOR", "1")
+    monkeypatch.delenv("NO_COLOR", raising=False)
+    first = run(["lint", "--select", "DDP002", "train.py"], project)
+    second = run(["lint", "--select", "DDP002", "train.py"], project)  # from the cache: the file is read again
+    frame = "model = torch.nn.SyncBatchNorm.convert_sync_batchnorm(model)"
+    assert frame in first.output and frame in second.output  # type: ignore[attr-defined]

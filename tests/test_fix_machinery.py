@@ -44,6 +44,12 @@ def test_multi_line_insertions_follow_the_file_line_endings() -> None:
     assert fixed == "x = 1\r\nimport os\r\ny = 2\r\n"
 
 
+def test_verify_judges_text_libcst_refuses_by_what_python_says() -> None:
+    verify("import torch\ndef f():\n\\\n    return 1\n")  # a lone continuation line: valid Python
+    with pytest.raises(FixError, match="invalid Python"):
+        verify("x = 1\n\\\n")  # a continuation into the end of the file: not Python
+
+
 def test_verify_rejects_broken_output() -> None:
     verify("x = 1\n")
     with pytest.raises(FixError, match="invalid Python"):

@@ -188,6 +188,20 @@ def test_a_fix_that_adds_a_finding_or_keeps_its_own_is_not_applied() -> None:
     assert [f.code for f in remaining] == ["AMP001", "DDP001"]
 
 
+@pytest.mark.parametrize("first", ["(", "7"], ids=["breaks-the-parse", "keeps-its-finding"])
+def test_a_rejected_fix_does_not_block_the_fixes_after_it(first: str) -> None:
+    source = "a = 1\nb = 2\n"
+    rejected = _finding("DDP001", 1, Edit(1, 5, 1, 6, first))
+    good = _finding("AMP001", 2, Edit(2, 5, 2, 6, "9"))
+
+    def relint(text: str) -> list[Finding]:
+        return [_finding("DDP001", 1)] + ([] if "b = 9" in text else [_finding("AMP001", 2)])
+
+    fixed, remaining, count = fix_rounds(source, [rejected, good], relint)
+    assert (fixed, count) == ("a = 1\nb = 9\n", 1)
+    assert [f.code for f in remaining] == ["DDP001"]
+
+
 def test_a_fix_that_removes_its_finding_and_adds_none_is_applied() -> None:
     source = "a = 1\n"
     good = _finding("AMP001", 1, Edit(1, 5, 1, 6, "9"))

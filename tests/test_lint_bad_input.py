@@ -221,10 +221,14 @@ def _entry(text: str, change: "object") -> str:
         lambda text: _entry(text, lambda v: v[1][0].__setitem__("line", "2")),
         lambda text: _entry(text, lambda v: v[1][0].__setitem__("severity", "fatal")),
         lambda text: _entry(text, lambda v: v.append("extra")),
+        lambda text: _entry(text, lambda v: v[1][0]["fix"]["edits"][0].__setitem__("column", 0)),
+        lambda text: _entry(text, lambda v: v[1][0]["fix"]["edits"][0].__setitem__("end_line", 5)),
+        lambda text: _entry(text, lambda v: v[1][0]["fix"]["edits"][0].__setitem__("content", 7)),
     ],
     ids=[
         "deep-nesting", "wrong-entry-shape", "not-an-object", "findings-not-a-list", "impossible-line",
         "line-after-end", "unknown-code", "code-not-selected", "line-not-int", "bad-severity", "extra-field",
+        "fix-column-zero", "fix-past-the-end", "fix-content-not-text",
     ],
 )
 def test_a_corrupted_cache_entry_is_a_miss(tmp_path: Path, mangle: "object") -> None:
@@ -233,6 +237,14 @@ def test_a_corrupted_cache_entry_is_a_miss(tmp_path: Path, mangle: "object") -> 
 
 def test_an_intact_cache_entry_is_a_hit(tmp_path: Path) -> None:
     assert _cache_with(tmp_path, lambda text: text) == ["2 AMP001 cached"]
+
+
+def test_a_file_with_old_mac_line_endings_is_a_cache_hit(tmp_path: Path) -> None:
+    (tmp_path / "t.py").write_bytes(b"import torch\r\r\rscaler = torch.cuda.amp.GradScaler()\r")
+    settings = Settings(select=("AMP001",))
+    lint_paths([str(tmp_path / "t.py")], settings, cache_root=tmp_path)
+    run, _ = lint_paths([str(tmp_path / "t.py")], settings, cache_root=tmp_path)
+    assert [(f.line, f.code) for f in run.findings] == [(4, "AMP001")] and run.files[0].cached
 
 
 def test_cache_get_rejects_a_finding_for_a_line_the_file_does_not_have(tmp_path: Path) -> None:

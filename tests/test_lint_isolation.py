@@ -12,6 +12,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -22,6 +23,7 @@ from process_scan import alive, children
 from ddpdoctor.cli import main
 from ddpdoctor.config import Settings
 from ddpdoctor.lint.engine import lint_paths, lint_source
+from ddpdoctor.lint.isolation import AnalysisFailed, contain
 from ddpdoctor.lint.workers import run_tasks
 
 # Enough for two rules to fire (AMP001 at line 6, DDP011 at line 5, for the barrier of line 7): a
@@ -210,3 +212,37 @@ def test_a_worker_cannot_take_more_than_its_memory_limit() -> None:
     """6 GiB is refused at once (the worker's address-space limit is 4 GiB); 1 MiB is fine."""
     outcomes = run_tasks(_allocate, [6 * 1024**3, 1024**2], 1, 60, lambda task, why: f"lost: {why}")
     assert outcomes == ["lost: internal error in the analysis: MemoryError", f"allocated {1024**2}"]
+
+
+@pytest.mark.parametrize(
+    ("error", "reason", "transient"),
+    [
+        (MemoryError(), "ran out of memory analysing this file", True),
+        (RecursionError(), "too deeply nested for the parser", False),
+        (KeyError("x"), "internal error in the analysis: KeyError", False),
+    ],
+)
+def test_a_failure_inside_the_analysis_is_a_reason(error: BaseException, reason: str, transient: bool) -> None:
+    def work() -> None:
+        raise error
+
+    with pytest.raises(AnalysisFailed) as failed:
+        contain(work, 10.0)
+    assert (str(failed.value), failed.value.transient) == (reason, transient)
+
+
+def test_python_code_past_its_budget_is_stopped_at_once() -> None:
+    stop = threading.Event()
+
+    def spin() -> None:
+        while not stop.is_set():
+            pass
+
+    start = time.monotonic()
+    try:
+        with pytest.raises(AnalysisFailed, match=r"time budget \(0.2 s\)"):
+            contain(spin, 0.2)
+        elapsed = time.monotonic() - start
+    finally:
+        stop.set()
+    assert elapsed < 4  # interrupted, not waited out (the wait for a native call is 5 s)

@@ -52,6 +52,18 @@ def test_minus_one_check_stays_unclassified_in_else() -> None:
     assert classify("RANK != -1", negated=True) is None
 
 
+@pytest.mark.parametrize(
+    ("test", "expected"),
+    [
+        ("not RANK != 0", "nonzero"),  # the else of `if not rank != 0:`
+        ("RANK == 0 or RANK == 1", "nonzero"),  # De Morgan: neither 0 nor 1, so never rank 0
+        ("RANK != 0 and dist.get_rank() != 0", "rank0"),
+    ],
+)
+def test_else_side_of_combined_tests(test: str, expected: str) -> None:
+    assert classify(test, negated=True) == expected
+
+
 YOLO_STYLE_EARLY_STOP = PRELUDE + """\
 import torch.distributed as dist
 dist.init_process_group("nccl")
@@ -77,6 +89,21 @@ def test_collective_under_rank_zero_is_reported_with_guard_line() -> None:
     findings = lint_source(source, "train.py", Settings(select=("DDP009",))).findings
     assert [f.code for f in findings] == ["DDP009"]
     assert "guarded at line 6" in findings[0].message
+
+
+@pytest.mark.parametrize(
+    ("group", "reported"),
+    [
+        ("", True),
+        (", group=dist.group.WORLD", True),  # the default group spelled out is every rank's
+        (", group=None", True),
+        (", group=evens", False),  # a subgroup: guarding it to its members is how it is used
+    ],
+)
+def test_collective_on_the_world_group_under_rank_zero_is_reported(group: str, reported: bool) -> None:
+    source = PRELUDE + f"dist.init_process_group('nccl')\nevens = dist.new_group([0, 2])\nif RANK == 0:\n    dist.barrier({group.lstrip(', ')})\n"
+    findings = lint_source(source, "train.py", Settings(select=("DDP009",))).findings
+    assert [(f.code, f.line) for f in findings] == ([("DDP009", 8)] if reported else [])
 
 
 def test_save_under_untraceable_zero_check_is_undecidable() -> None:

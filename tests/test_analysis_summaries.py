@@ -1,0 +1,29 @@
+"""What a function does for its callers, asked directly: which parameter a training loop draws its
+batches from, with the backward that makes it a training loop."""
+
+from __future__ import annotations
+
+import textwrap
+
+import libcst as cst
+
+from ddpdoctor.lint.analysis import build_analysis, summaries
+
+
+def test_drawn_params_name_each_parameter_with_its_loops_backward() -> None:
+    model = build_analysis(
+        cst.parse_module(
+            textwrap.dedent(
+                """
+                def train(model, loader, extra):
+                    for x in loader:
+                        model(x).sum().backward()
+                    for x, y in zip(loader, extra):
+                        model(x, y).mean().backward()
+                """
+            )
+        )
+    )
+    (train,) = model.functions
+    drawn = summaries.drawn_params(model, train)
+    assert {name: model.line_of(call.node) for name, call in drawn.items()} == {"loader": 4, "extra": 6}

@@ -1,0 +1,179 @@
+"""The facts a finding's message states for the user to act on: the sizes to pick, the line of the
+guard, where the world size comes from. The fixtures pin where findings are; these pin what they say."""
+
+from __future__ import annotations
+
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from ddpdoctor.config import Settings
+from ddpdoctor.lint.engine import lint_paths, lint_source
+
+
+def messages(source: str, code: str) -> list[str]:
+    findings = lint_source(textwrap.dedent(source), "train.py", Settings(select=(code,))).findings
+    assert {f.code for f in findings} <= {code}
+    return [f.message for f in findings]
+
+
+@pytest.mark.parametrize(
+    "batch, chunks, suggestion",
+    [
+        (10, "3, 3, 3, 1", "8 or 12"),
+        (3, "1, 1, 1", "4"),  # smaller than the GPU count: no smaller size to suggest
+        (33, "9, 9, 9, 6", "32 or 36"),
+    ],
+)
+def test_dataparallel_uneven_batch_names_the_chunks_and_a_divisible_size(batch: int, chunks: str, suggestion: str) -> None:
+    (message,) = messages(
+        f"""
+        import torch
+        from torch.utils.data import DataLoader
+        loader = DataLoader(dataset, batch_size={batch})
+        model = torch.nn.DataParallel(net, device_ids=[0, 1, 2, 3]).cuda()
+        for x, y in loader:
+            model(x.cuda()).sum().backward()
+        """,
+        "DP001",
+    )
+    assert f"each batch of {batch} (DataLoader at line 4) over 4 GPUs (device_ids at line 5)" in message
+    assert f"into chunks of {chunks}:" in message
+    assert message.endswith(f"(e.g. {suggestion}).")
+
+
+@pytest.mark.parametrize(
+    "world_size, described",
+    [
+        ("", "comes from the launcher (WORLD_SIZE)"),
+        (", world_size=-1", "comes from the launcher (WORLD_SIZE)"),
+        (", world_size=4", "is 4"),
+        (', world_size=int(os.environ["WORLD_SIZE"])', 'is int(os.environ["WORLD_SIZE"])'),
+        (", world_size=torch.cuda.device_count()", "is torch.cuda.device_count()"),
+    ],
+)
+def test_literal_rank_message_says_where_the_world_size_comes_from(world_size: str, described: str) -> None:
+    (message,) = messages(
+        f"""
+        import os
+        import torch
+        import torch.distributed as dist
+        dist.init_process_group("nccl", rank=0{world_size})
+        """,
+        "DDP003",
+    )
+    assert message.startswith(f"init_process_group is given the literal rank=0 while the world size {described}:")
+
+
+def test_literal_rank_is_not_reported_when_the_world_may_be_one_process() -> None:
+    source = """
+    import sys
+    import torch.distributed as dist
+    dist.init_process_group("gloo", rank=0, world_size=int(sys.argv[1]))
+    dist.init_process_group("gloo", rank=0, world_size=1)
+    """
+    assert messages(source, "DDP003") == []
+
+
+def test_collective_in_a_helper_module_names_the_guard_line(tmp_path: Path) -> None:
+    (tmp_path / "pyproject.toml").write_text("")
+    (tmp_path / "sync.py").write_text(
+        "import torch.distributed as dist\n\n\ndef wait_for_everyone():\n    dist.barrier()\n"
+    )
+    (tmp_path / "train.py").write_text(
+        textwrap.dedent(
+            """\
+            import torch.distributed as dist
+            from sync import wait_for_everyone
+            dist.init_process_group("nccl")
+            if dist.get_rank() == 0:
+                wait_for_everyone()
+            """
+        )
+    )
+    run, _ = lint_paths([str(tmp_path / "train.py")], Settings(select=("DDP009",)), use_cache=False)
+    (finding,) = run.findings
+    assert finding.line == 5
+    assert "reaches the collective torch.distributed.barrier (" in finding.message
+    assert "sync.py line 5)" in finding.message
+    assert "only called by the main process (guarded at line 4)" in finding.message
+
+
+def test_world_size_message_names_the_option_that_spans_nodes() -> None:
+    fixture = Path(__file__).resolve().parent.parent / "fixtures" / "DDP005" / "multinode_spawn_nodes_flag.py"
+    (message,) = messages(fixture.read_text(), "DDP005")
+    assert "world_size is torch.cuda.device_count() (line 16)" in message
+    assert "launched in a way that can span nodes (option --nodes at line 39)" in message
+
+
+def test_hard_coded_device_message_names_the_argument() -> None:
+    (message,) = messages(
+        """
+        import os
+        import torch
+        import torch.distributed as dist
+        from torch.nn.parallel import DistributedDataParallel as DDP
+        dist.init_process_group("nccl")
+        local_rank = int(os.environ["LOCAL_RANK"])
+        torch.cuda.set_device(local_rank)
+        model = DDP(net.cuda(), device_ids=[local_rank], output_device=0)
+        """,
+        "DDP003",
+    )
+    assert message.startswith(
+        "output_device is given the hard-coded device 0 in a multi-process script (init_process_group at line 6)"
+    )
+
+
+def test_unpinned_nccl_message_lists_what_would_pin_the_gpu() -> None:
+    (message,) = messages(
+        """
+        import torch.distributed as dist
+        dist.init_process_group("nccl")
+        model = net.cuda()
+        """,
+        "DDP011",
+    )
+    assert message.startswith(
+        "NCCL process group initialised but this script never pins its GPU (no torch.cuda.set_device, "
+        "torch.cuda.device or device_id=), and it uses the current CUDA device (line 4: bare .cuda())"
+    )
+
+
+def test_dataparallel_uneven_batch_through_variables() -> None:
+    (message,) = messages(
+        """
+        import argparse
+        import torch
+        from torch.utils.data import DataLoader
+        args = argparse.Namespace()
+        args.batch_size = 10
+        gpus = list(range(3))
+        loader = DataLoader(dataset, batch_size=args.batch_size)
+        model = torch.nn.DataParallel(net, device_ids=gpus).cuda()
+        for x, y in loader:
+            model(x.cuda()).sum().backward()
+        """,
+        "DP001",
+    )
+    assert "each batch of 10 (DataLoader at line 8) over 3 GPUs (device_ids at line 9) into chunks of 4, 4, 2:" in message
+
+
+def test_clip_after_the_scaler_step_names_the_step() -> None:
+    (message,) = messages(
+        """
+        import torch
+        scalers = [torch.amp.GradScaler("cuda")]
+        for x in loader:
+            scalers[0].scale(model(x).sum()).backward()
+            scalers[0].step(optimizer)
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            scalers[0].update()
+        """,
+        "AMP002",
+    )
+    assert message.startswith(
+        "torch.nn.utils.clip_grad_norm_() runs after `scalers[0].step(optimizer)` at line 6: the optimizer already "
+        "stepped with unclipped gradients"
+    )
