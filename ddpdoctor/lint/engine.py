@@ -207,14 +207,21 @@ def lint_bytes(
     """Lint one file's bytes. Never raises: whatever goes wrong is a DDP999 finding for this file."""
     limits = limits or isolation.Limits()
     reason = limits.too_large(len(data))
-    if reason is None:
-        try:
-            return isolation.contain(
-                lambda: _lint_bytes(data, path, codes, world_size, fix, project, unsafe_fixes), limits.timeout_s
-            )
-        except isolation.AnalysisFailed as failed:
-            return given_up(path, codes, str(failed), failed.transient)
-    return given_up(path, codes, reason)
+    if reason is not None:
+        return given_up(path, codes, reason)
+    # Decoding and the byte pre-filter are cheap and cannot recurse: most files end here, without
+    # paying for the isolated analysis thread (its 512 MB stack costs ~2 ms to set up per file).
+    prepared = _prepare(data, path, codes)
+    if isinstance(prepared, FileResult):
+        return prepared
+    text, selected, rules = prepared
+    try:
+        return isolation.contain(
+            lambda: _lint_text(text, data, path, codes, selected, rules, world_size, fix, project, unsafe_fixes),
+            limits.timeout_s,
+        )
+    except isolation.AnalysisFailed as failed:
+        return given_up(path, codes, str(failed), failed.transient)
 
 
 def given_up(path: str, codes: frozenset[str], reason: str, transient: bool = False) -> FileResult:
@@ -223,24 +230,34 @@ def given_up(path: str, codes: frozenset[str], reason: str, transient: bool = Fa
     return FileResult(path, findings, transient=transient)
 
 
-def _lint_bytes(
+def _prepare(
+    data: bytes, path: str, codes: frozenset[str]
+) -> Union[FileResult, tuple[str, list[type[Rule]], list[type[Rule]]]]:
+    """The file's text, the selected rules and those its bytes interest; or, when nothing needs
+    parsing (undecodable, or no rule's trigger words), already the file's result."""
+    decoded = decode(data, path)
+    if isinstance(decoded, Finding):
+        findings = [decoded] if PARSE_ERROR_CODE in codes else []
+        return FileResult(path, findings)
+    selected = _selected_rules(codes)
+    rules = interested_rules(data, selected)
+    if not rules and (selected or PARSE_ERROR_CODE not in codes):
+        return FileResult(path, [], source=decoded)
+    return decoded, selected, rules
+
+
+def _lint_text(
+    text: str,
     data: bytes,
     path: str,
     codes: frozenset[str],
+    selected: list[type[Rule]],
+    rules: list[type[Rule]],
     world_size: Optional[int],
     fix: bool,
     project: Optional[ProjectSources],
     unsafe_fixes: bool,
 ) -> FileResult:
-    decoded = decode(data, path)
-    if isinstance(decoded, Finding):
-        findings = [decoded] if PARSE_ERROR_CODE in codes else []
-        return FileResult(path, findings)
-    text = decoded
-    selected = _selected_rules(codes)
-    rules = interested_rules(data, selected)
-    if not rules and (selected or PARSE_ERROR_CODE not in codes):
-        return FileResult(path, [], source=text)
     depends: dict[str, Optional[str]] = {}
     if project is None:
         findings, parsed = lint_text(text, path, rules, world_size)
