@@ -11,10 +11,10 @@ from typing import Optional, Union
 import libcst as cst
 
 from ddpdoctor.lint.analysis.harness import in_test_case
-from ddpdoctor.lint.analysis.launch import DDP_CLASS, INIT_PROCESS_GROUP, runs_in_module
+from ddpdoctor.lint.analysis.launch import DDP_CLASS, GPU_COUNT, INIT_PROCESS_GROUP, runs_in_module
 from ddpdoctor.lint.analysis.model import MAX_DEPTH, Assignment, Call, Function, ModuleModel
 from ddpdoctor.lint.analysis.ranks import NEGATED_OPERATORS, Runs, rank_source, who_runs
-from ddpdoctor.lint.analysis.syntax import dotted_name, literal_int, walk
+from ddpdoctor.lint.analysis.syntax import MIRRORED_OPERATORS, dotted_name, literal_int, walk
 
 BARRIER = "torch.distributed.barrier"
 # Calls that make a device the process's current one (a call or a `with` context).
@@ -244,14 +244,9 @@ def _device_index_of(
 # A script that also runs on a one-GPU machine often says so: `if torch.cuda.device_count() == 1:`
 # (every process then shares the only device, over gloo), `else:` each takes its own. GPU 0 named on
 # that path is the only device there is, not a hard-coded choice among several.
-
-DEVICE_COUNT_CALLS = frozenset({"torch.cuda.device_count", "torch.accelerator.device_count"})
+DEVICE_COUNT_CALLS = frozenset({GPU_COUNT, "torch.accelerator.device_count"})
 # `count OP bound` that holds only when the count is at most one.
 _AT_MOST_ONE = ((cst.Equal, 1), (cst.LessThanEqual, 1), (cst.LessThan, 2))
-_MIRRORED: dict[type, type] = {
-    cst.Equal: cst.Equal, cst.NotEqual: cst.NotEqual, cst.LessThan: cst.GreaterThan,
-    cst.GreaterThan: cst.LessThan, cst.LessThanEqual: cst.GreaterThanEqual, cst.GreaterThanEqual: cst.LessThanEqual,
-}
 
 
 def is_one_gpu_test(
@@ -282,7 +277,7 @@ def is_one_gpu_test(
         operator: type = type(test.comparisons[0].operator)
         left, right = test.left, test.comparisons[0].comparator
         if literal_int(left) is not None:
-            left, right, operator = right, left, _MIRRORED.get(operator, type(None))
+            left, right, operator = right, left, MIRRORED_OPERATORS.get(operator, type(None))
         if negated:
             operator = NEGATED_OPERATORS.get(operator, type(None))
         bound = literal_int(right)

@@ -30,6 +30,7 @@ from ddpdoctor.lint.analysis.launch import (
 )
 from ddpdoctor.lint.analysis.model import MAX_DEPTH, Assignment, Call, Context, Function, Guard, ModuleModel, Route
 from ddpdoctor.lint.analysis.syntax import (
+    MIRRORED_OPERATORS,
     dotted_name,
     flatten_boolean,
     is_zero_literal,
@@ -264,7 +265,7 @@ NEGATED_OPERATORS: dict[type, type] = {
 }
 
 
-def _flag_name(model: ModuleModel, test: cst.BaseExpression) -> Optional[str]:
+def _flag_name(test: cst.BaseExpression) -> Optional[str]:
     """The lower-case name of a bare flag: `args.distributed` -> "distributed", a string key of a
     config dict `cfg["horovod"]` / `cfg.get("horovod")` -> "horovod"; None for anything else."""
     name = dotted_name(test)
@@ -316,7 +317,7 @@ def is_single_process_test(model: ModuleModel, test: cst.BaseExpression, negated
     if isinstance(test, cst.Call) and last_segment(dotted_name(test.func) or "") != "get":
         callee = model.qualify(test.func) or dotted_name(test.func) or ""
         return negated and last_segment(callee) in _DISTRIBUTED_PREDICATES
-    flag = _flag_name(model, test)
+    flag = _flag_name(test)
     if flag is not None:
         if any(word in flag for word in ("distributed", "ddp", "multiprocessing")) or flag in ("dist", "is_dist"):
             return negated
@@ -438,10 +439,8 @@ def _classify_comparison(
     # Normalise `0 == rank` to `rank == 0`.
     if is_zero_literal(left) and not is_zero_literal(right):
         left, right = right, left
-        mirrored: dict[type, type[cst.BaseCompOp]] = {cst.LessThan: cst.GreaterThan, cst.GreaterThan: cst.LessThan,
-                    cst.LessThanEqual: cst.GreaterThanEqual, cst.GreaterThanEqual: cst.LessThanEqual}
-        if type(operator) in mirrored:
-            operator = mirrored[type(operator)]()
+        if type(operator) in MIRRORED_OPERATORS:
+            operator = MIRRORED_OPERATORS[type(operator)]()
     is_rank = rank_kind(model, left, order, function, depth + 1) is not None
     if not is_rank and isinstance(left, cst.BinaryOperation) and isinstance(left.operator, cst.Modulo):
         is_rank = rank_kind(model, left.left, order, function, depth + 1) is not None

@@ -200,6 +200,13 @@ def literal_ints(node: cst.BaseExpression) -> Optional[list[int]]:
     return None
 
 
+# The operator that keeps a comparison's meaning when its sides swap (`0 < n` is `n > 0`).
+MIRRORED_OPERATORS: dict[type[cst.BaseCompOp], type[cst.BaseCompOp]] = {
+    cst.Equal: cst.Equal, cst.NotEqual: cst.NotEqual, cst.LessThan: cst.GreaterThan,
+    cst.GreaterThan: cst.LessThan, cst.LessThanEqual: cst.GreaterThanEqual, cst.GreaterThanEqual: cst.LessThanEqual,
+}
+
+
 def flatten_boolean(test: cst.BooleanOperation) -> list[cst.BaseExpression]:
     """`a and b and c` -> [a, b, c] (one operator kind; parenthesised groups stay whole)."""
     operator_type = type(test.operator)
