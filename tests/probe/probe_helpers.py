@@ -80,9 +80,14 @@ def interrupt_probe(args: list[str], whole_group: bool) -> tuple[int, str, float
                             env=probe_env(mark), cwd=REPO, start_new_session=True)
     try:
         deadline = time.monotonic() + 90
-        while time.monotonic() < deadline and len(processes_with_mark(mark)) < 3:
+        while time.monotonic() < deadline and len(processes_with_mark(mark)) < 3 and proc.poll() is None:
             time.sleep(0.05)
-        assert len(processes_with_mark(mark)) >= 3, "the ranks never started"
+        if len(processes_with_mark(mark)) < 3:
+            # Say why: a probe that already ended (a failed start) is not worth 90 s of waiting.
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+            _, early_err = proc.communicate(timeout=30)
+            raise AssertionError(f"the ranks never started (probe exit {proc.returncode}): {early_err[-3000:]}")
         time.sleep(1.0)
         sent = time.monotonic()
         if whole_group:
