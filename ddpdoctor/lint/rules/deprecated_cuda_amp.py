@@ -35,6 +35,11 @@ class DeprecatedCudaAmp(Rule):
 
     code = "AMP001"
     trigger_words = ("GradScaler", "autocast")
+    # Only the torch.cuda.amp spellings are deprecated, and every way to reach them names the
+    # module: `torch.cuda.amp.autocast`, `from torch.cuda.amp import ...`, `cuda.amp.GradScaler`
+    # after `from torch import cuda`, or `from torch.cuda import amp` (also in parentheses). A file
+    # that only uses `torch.autocast` is not parsed for this rule.
+    context_words = ("cuda.amp", "torch.cuda import")
 
     def check(self) -> None:
         torch_name = self._torch_binding()

@@ -26,8 +26,11 @@ class GlobalRankAsDevice(Rule):
     checks_test_suites = False
     # Every global-rank source the vocabulary knows spells one of these.
     # "rank, ": a project helper may hand the rank over (`rank, world_size = setup()`).
+    # The launcher's variables are read by their quoted names (ranks.GLOBAL_RANK_ENV); a bare "RANK"
+    # would match every `..._RANK` constant (CUDA attribute tables are full of them).
     trigger_words = (
-        "get_rank", "RANK", "rank()", "SLURM_PROCID", "process_index", "global_rank", "world_rank", "rank, ",
+        "get_rank", "rank()", "process_index", "global_rank", "world_rank", "rank, ",
+        *(quote + name + quote for name in sorted(ranks.GLOBAL_RANK_ENV) for quote in "\"'"),
     )
 
     def check(self) -> None:

@@ -29,6 +29,9 @@ class MissingSetDevice(Rule):
     checks_test_suites = False
     # Or a DDP script whose NCCL group a project helper creates (`init_distributed()`).
     trigger_words = ("nccl", "NCCL", "DistributedDataParallel")
+    # The rule needs an init_process_group call or a DDP wrap in this file (check() below): a file
+    # that only mentions NCCL (an environment report, a CUDA-to-HIP name table) is not parsed for it.
+    context_words = ("init_process_group", "DistributedDataParallel")
 
     def check(self) -> None:
         model = self.model
