@@ -12,7 +12,7 @@ from typing import Optional
 
 import libcst as cst
 
-from ddpdoctor.lint.analysis.model import MAX_DEPTH, Assignment, Call, Function, ModuleModel
+from ddpdoctor.lint.analysis.model import MAX_DEPTH, UNKNOWN, Assignment, Call, Function, ModuleModel
 from ddpdoctor.lint.analysis.syntax import dotted_name, walk
 
 INIT_PROCESS_GROUP = "torch.distributed.init_process_group"
@@ -73,6 +73,50 @@ def is_fake_backend(model: ModuleModel, init: Call) -> bool:
     whole world (tracing and sharding tools)."""
     backend = model.const_value(init.arg(0, "backend"), init.order, init.function)
     return isinstance(backend, str) and backend.lower() == "fake"
+
+
+def may_create_nccl_group(model: ModuleModel, init: Call) -> bool:
+    """Whether this `init_process_group` call creates an NCCL group on a GPU run, as far as the
+    module can tell: a backend naming NCCL (on either arm of `"gloo" if cpu else "nccl"`, or as
+    the argparse default of the option passed), or no backend at all, which since torch 2.0 gives
+    every CUDA tensor an NCCL group ("cuda:nccl,cpu:gloo"). A backend the module cannot read, and
+    `**kwargs` that may carry one, are not."""
+    if init.has_star_args():
+        return False
+    backend = init.arg(0, "backend")
+    if backend is None:
+        return True
+    values = [_backend_name(model, leaf) for leaf, _, _ in model.leaf_values(backend, init.order, init.function)]
+    if any(value is None for value in values):
+        # An argparse option or an unknown variable: try its literal value (argparse default).
+        value = model.const_value(backend, init.order, init.function)
+        if value is UNKNOWN:
+            value = _option_default(model, backend)
+        return isinstance(value, str) and "nccl" in value.lower()
+    # `"gloo" if args.cpu else "nccl"`: the run that takes the NCCL arm needs its device pinned.
+    return any("nccl" in value.lower() for value in values if value is not None)
+
+
+def _option_default(model: ModuleModel, expr: cst.BaseExpression) -> object:
+    """The argparse default of `self.args.dist_backend` / `cfg.args.backend`: the namespace
+    reached through an attribute, which `const_value` does not follow."""
+    name = dotted_name(expr)
+    if name is None or name.count(".") < 2:
+        return UNKNOWN
+    default = model.argparse_default("args." + name.rsplit(".", 1)[-1])
+    if default is None:
+        return UNKNOWN
+    return model.const_value(default, 0, None)
+
+
+def _backend_name(model: ModuleModel, expr: cst.BaseExpression) -> Optional[str]:
+    """`"nccl"`, `dist.Backend.NCCL` → "NCCL"; None for anything else."""
+    if isinstance(expr, cst.SimpleString):
+        return str(expr.evaluated_value)
+    name = model.qualify(expr)
+    if name is not None and name.startswith("torch.distributed.Backend."):
+        return name.rsplit(".", 1)[-1]
+    return None
 
 
 def describe(call: Call) -> str:

@@ -4,11 +4,8 @@ from __future__ import annotations
 
 from typing import Optional
 
-import libcst as cst
-
 from ddpdoctor.findings import Fix
-from ddpdoctor.lint.analysis import devices, harness, launch, ranks
-from ddpdoctor.lint.analysis import UNKNOWN, Call, dotted_name
+from ddpdoctor.lint.analysis import Call, devices, harness, launch, ranks
 from ddpdoctor.lint.rules.base import Rule
 
 
@@ -39,7 +36,7 @@ class MissingSetDevice(Rule):
         # the script that calls it may pin the device itself.
         inits = [
             call for call in model.calls_named(launch.INIT_PROCESS_GROUP)
-            if self.is_nccl(call) and launch.runs_in_module(model, call.function) and not harness.in_test_case(call)
+            if launch.may_create_nccl_group(model, call) and launch.runs_in_module(model, call.function) and not harness.in_test_case(call)
         ]
         if devices.device_pin_calls(model) or devices.visible_devices_writes(model):
             return
@@ -113,43 +110,9 @@ class MissingSetDevice(Rule):
             if devices.device_pin_calls(other, function) or devices.visible_devices_writes(other, function):
                 pinned = True
                 continue
-            judge = type(self)(other)
             for init in function.calls:
-                if init.name == launch.INIT_PROCESS_GROUP and judge.is_nccl(init):
+                if init.name == launch.INIT_PROCESS_GROUP and launch.may_create_nccl_group(other, init):
                     helpers.append((call, f"{other.shown_path} line {other.line_of(init.node)}"))
                     break
         return helpers, pinned
 
-    def is_nccl(self, call: Call) -> bool:
-        """The backend is NCCL as far as the module can tell; unknown backends are not."""
-        backend = call.arg(0, "backend")
-        if backend is None:
-            return False
-        values = [self.backend_name(leaf) for leaf, _, _ in self.model.leaf_values(backend, call.order, call.function)]
-        if any(value is None for value in values):
-            # An argparse option or an unknown variable: try its literal value (argparse default).
-            value = self.model.const_value(backend, call.order, call.function)
-            if value is UNKNOWN:
-                value = self.option_default(backend)
-            return isinstance(value, str) and "nccl" in value.lower()
-        # `"gloo" if args.cpu else "nccl"`: the run that takes the NCCL arm needs its device pinned.
-        return any("nccl" in value.lower() for value in values if value is not None)
-
-    def option_default(self, expr: cst.BaseExpression) -> object:
-        """The argparse default of `self.args.dist_backend` / `cfg.args.backend`: the namespace
-        reached through an attribute, which `const_value` does not follow."""
-        name = dotted_name(expr)
-        if name is None or name.count(".") < 2:
-            return UNKNOWN
-        default = self.model.argparse_default("args." + name.rsplit(".", 1)[-1])
-        if default is None:
-            return UNKNOWN
-        return self.model.const_value(default, 0, None)
-
-    def backend_name(self, expr: cst.BaseExpression) -> Optional[str]:
-        if isinstance(expr, cst.SimpleString):
-            return str(expr.evaluated_value)
-        name = self.model.qualify(expr)
-        if name is not None and name.startswith("torch.distributed.Backend."):
-            return name.rsplit(".", 1)[-1]
-        return None
