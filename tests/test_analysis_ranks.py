@@ -261,6 +261,30 @@ def test_single_process_flags(source: str, expected: Runs) -> None:
 @pytest.mark.parametrize(
     ("source", "expected"),
     [
+        # A distributed switch compared with a literal (field evaluation 2026-11d): string options
+        # such as `--dist ON|OFF`, booleans written out, and mmcv's `--launcher none|pytorch|slurm`.
+        ('if args.dist == "OFF":\n    target()\n', Runs.SINGLE),
+        ('if args.dist == "ON":\n    pass\nelse:\n    target()\n', Runs.SINGLE),
+        ('if args.dist != "ON":\n    target()\n', Runs.SINGLE),
+        ("if args.distributed is False:\n    target()\n", Runs.SINGLE),
+        ("if args.use_ddp == 0:\n    target()\n", Runs.SINGLE),
+        ('if cfg["distributed"] == "false":\n    target()\n', Runs.SINGLE),
+        ('if args.launcher == "none":\n    target()\n', Runs.SINGLE),
+        ('if args.launcher == "pytorch":\n    pass\nelse:\n    target()\n', Runs.ALL),  # the else may be SLURM
+        ('if args.dist == "ON":\n    target()\n', Runs.ALL),
+        ('if args.dist == "OFF":\n    pass\nelse:\n    target()\n', Runs.ALL),
+        ('if args.dist_backend == "none":\n    target()\n', Runs.ALL),  # not a switch
+        ('if args.mode == "off":\n    target()\n', Runs.ALL),
+        ('if args.dist < "OFF":\n    target()\n', Runs.ALL),
+    ],
+)
+def test_distributed_switch_compared_with_a_literal(source: str, expected: Runs) -> None:
+    assert runs(source) is expected
+
+
+@pytest.mark.parametrize(
+    ("source", "expected"),
+    [
         # the leaders of MPI sub-communicators create the group in their branch: all its members are there
         ("if sub_rank == 0:\n    dist.init_process_group('gloo')\n    target()\n", True),
         ("def main():\n    if sub_rank != 0:\n        return\n    dist.init_process_group('gloo')\n    target()\nmain()\n", True),
@@ -276,3 +300,33 @@ def test_single_process_flags(source: str, expected: Runs) -> None:
 )
 def test_group_created_under_the_guard(source: str, expected: bool) -> None:
     assert group_created(source) is expected
+
+
+HELPERS = """
+def get_rank():
+    if not dist.is_initialized():
+        return 0
+    return dist.get_rank()
+"""
+
+
+@pytest.mark.parametrize(
+    ("helper", "expected"),
+    [
+        # Named freely, answering "am I the main process" (field evaluation 2026-11d).
+        ("def primary():\n    if not dist.is_available():\n        return True\n"
+         "    if not dist.is_initialized():\n        return True\n    return get_rank() == 0\n", Runs.RANK0),
+        ('def primary():\n    """Docstring."""\n    return not dist.is_initialized() or dist.get_rank() == 0\n', Runs.RANK0),
+        ("def primary():\n    return dist.get_rank() == 0\n", Runs.RANK0),
+        # Not such a helper: another early return, another statement, a parameter, another rank.
+        ("def primary():\n    if not dist.is_initialized():\n        return False\n    return get_rank() == 0\n",
+         Runs.ALL),
+        ("def primary():\n    log()\n    return get_rank() == 0\n", Runs.ALL),
+        ("def primary(rank):\n    return rank == 0\n", Runs.ALL),
+        ("def primary():\n    return get_rank() == 1\n", Runs.ALL),  # only rank-0 answers are followed
+        ("def primary():\n    return ready\n", Runs.ALL),
+    ],
+)
+def test_a_helper_answering_am_i_the_main_process(helper: str, expected: Runs) -> None:
+    call = "primary(0)" if "(rank)" in helper else "primary()"
+    assert runs(HELPERS + helper + f"if {call}:\n    target()\n") is expected

@@ -62,10 +62,47 @@ def multiprocess_evidence(model: ModuleModel) -> Optional[Call]:
         (DDP_CLASS,), tuple(HOROVOD_INIT_CALLS), tuple(DEEPSPEED_INIT_CALLS), tuple(SPAWN_CALLS),
         tuple(ELASTIC_LAUNCH_CALLS),
     ):
-        calls = model.calls_named(*names)
+        # A DDP wrap left in a helper nothing in the script calls (its call, and the init, commented
+        # out) is no sign that the script runs as several processes. In a library module the
+        # helper's callers are elsewhere, so there it still counts.
+        calls = [call for call in model.calls_named(*names) if not dead_in_script(model, call.function)]
         if calls:
             return calls[0]
     return None
+
+
+def is_script(model: ModuleModel) -> bool:
+    """The module has a top-level `if __name__ == "__main__":`: a program of its own, whose
+    functions run when it calls them, not a library whose callers live in other files."""
+    return model.memoized(
+        ("is_script",),
+        lambda: any(isinstance(statement, cst.If) and _is_main_guard(statement.test) for statement in model.module.body),
+        False,
+    )
+
+
+def _is_main_guard(test: cst.BaseExpression) -> bool:
+    """`__name__ == "__main__"`, either way round."""
+    if not (isinstance(test, cst.Comparison) and len(test.comparisons) == 1
+            and isinstance(test.comparisons[0].operator, cst.Equal)):
+        return False
+    sides = (test.left, test.comparisons[0].comparator)
+    names = {dotted_name(side) for side in sides}
+    strings = {side.evaluated_value for side in sides if isinstance(side, cst.SimpleString)}
+    return "__name__" in names and "__main__" in strings
+
+
+def dead_in_script(model: ModuleModel, function: Optional[Function]) -> bool:
+    """`function` is a helper of a script that the script never calls nor hands on: dead code
+    (its call commented out). In a library module its callers may be in other files: not dead."""
+    return function is not None and is_script(model) and not runs_in_module(model, function)
+
+
+def single_node_rendezvous(model: ModuleModel) -> bool:
+    """Every process group this module creates meets on the loopback interface, so the job cannot
+    span nodes: there the global rank is the local rank and the GPU count the world size."""
+    inits = model.calls_named(INIT_PROCESS_GROUP)
+    return bool(inits) and all(is_loopback_rendezvous(model, init) for init in inits)
 
 
 def is_fake_backend(model: ModuleModel, init: Call) -> bool:
@@ -116,6 +153,42 @@ def _backend_name(model: ModuleModel, expr: cst.BaseExpression) -> Optional[str]
     name = model.qualify(expr)
     if name is not None and name.startswith("torch.distributed.Backend."):
         return name.rsplit(".", 1)[-1]
+    return None
+
+
+# Rendezvous addresses on this machine's loopback interface: every rank is on this node.
+LOOPBACK_URLS = ("tcp://127.", "tcp://localhost:", "tcp://[::1]:")
+
+
+def is_loopback_rendezvous(model: ModuleModel, init: Call) -> bool:
+    """`init_method` names the loopback interface on every path: `"tcp://127.0.0.1:29500"`,
+    `f"tcp://localhost:{port}"`, `"tcp://127.0.0.1:%d" % port`, `"tcp://127.0.0.1:" + str(port)`,
+    `"tcp://127.0.0.1:{}".format(port)`, directly or through variables. Such a job cannot span nodes."""
+    method = init.arg(1, "init_method")
+    if method is None:
+        return False
+    leaves = model.leaf_values(method, init.order, init.function)
+    prefixes = [_literal_prefix(leaf) for leaf, _, _ in leaves]
+    return bool(prefixes) and all(p is not None and p.startswith(LOOPBACK_URLS) for p in prefixes)
+
+
+def _literal_prefix(expr: cst.BaseExpression) -> Optional[str]:
+    """The text a string expression certainly starts with, or None."""
+    if isinstance(expr, cst.SimpleString):
+        value = expr.evaluated_value
+        return value if isinstance(value, str) else None
+    if isinstance(expr, cst.ConcatenatedString):  # `"tcp://" "127.0.0.1:29500"`
+        head = _literal_prefix(expr.left)
+        if head is None or not isinstance(expr.left, cst.SimpleString):
+            return head
+        return head + (_literal_prefix(expr.right) or "")
+    if isinstance(expr, cst.FormattedString):
+        first = expr.parts[0] if expr.parts else None
+        return first.value if isinstance(first, cst.FormattedStringText) else None
+    if isinstance(expr, cst.BinaryOperation) and isinstance(expr.operator, (cst.Modulo, cst.Add)):
+        return _literal_prefix(expr.left)  # `"tcp://127.0.0.1:%d" % port`, `"tcp://127.0.0.1:" + port`
+    if (isinstance(expr, cst.Call) and isinstance(expr.func, cst.Attribute) and expr.func.attr.value == "format"):
+        return _literal_prefix(expr.func.value)
     return None
 
 

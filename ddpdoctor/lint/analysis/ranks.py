@@ -244,25 +244,77 @@ def _spawn_index(model: ModuleModel, name: str, function: Optional[Function]) ->
 
 
 def is_main_process_predicate(model: ModuleModel, expr: cst.BaseExpression, order: int, function: Optional[Function], depth: int = 0) -> bool:
-
+    """`is_main_process()`, `args.is_master`, `trainer.is_global_zero` (by name), or a call of a
+    project helper, whatever its name, that answers "am I the main process": `primary()` whose
+    body is `if not dist.is_initialized(): return True` then `return get_rank() == 0`."""
     target = expr.func if isinstance(expr, cst.Call) else expr
     name = dotted_name(target)
     if name is None:
         return False
     if last_segment(name) in MAIN_PROCESS_NAMES:
         return True
-    return False
+    if not isinstance(expr, cst.Call) or expr.args or depth > MAX_DEPTH:
+        return False
+    call = model.call_of(expr)
+    if call is None:
+        return False
+    helpers = model.returned_functions(call)
+    return bool(helpers) and all(_answers_main_process(other, helper, depth + 1) for other, helper in helpers)
 
+
+def _answers_main_process(model: ModuleModel, helper: Function, depth: int) -> bool:
+    """The helper's body is early `return True` under single-process tests, then one `return`
+    of a rank-0 test (`get_rank() == 0`, `not is_initialized() or get_rank() == 0`). Anything
+    else in it (other statements, other returns) and it is not taken for a main-process test."""
+    node = helper.node
+    if not isinstance(node, cst.FunctionDef) or not isinstance(node.body, cst.IndentedBlock) or helper.params:
+        return False
+    statements = [s for s in node.body.body if not _is_docstring(s)]
+    if not statements:
+        return False
+    for statement in statements[:-1]:
+        if not (isinstance(statement, cst.If) and statement.orelse is None and _returns_literal(statement.body, "True")
+                and is_single_process_test(model, statement.test)):
+            return False
+    last = statements[-1]
+    if not (isinstance(last, cst.SimpleStatementLine) and len(last.body) == 1 and isinstance(last.body[0], cst.Return)):
+        return False
+    value = last.body[0].value
+    return value is not None and classify_rank_test(model, value, helper.end_order, helper, depth=depth) == "rank0"
+
+
+def _is_docstring(statement: cst.BaseStatement) -> bool:
+    return (isinstance(statement, cst.SimpleStatementLine) and len(statement.body) == 1
+            and isinstance(statement.body[0], cst.Expr) and isinstance(statement.body[0].value, cst.SimpleString))
+
+
+def _returns_literal(block: cst.BaseSuite, literal: str) -> bool:
+    """`return True` as the whole body of an `if` (on its own line or after the colon)."""
+    body = block.body if isinstance(block, (cst.IndentedBlock, cst.SimpleStatementSuite)) else ()
+    if len(body) != 1:
+        return False
+    line = body[0]
+    small = line.body[0] if isinstance(line, cst.SimpleStatementLine) and len(line.body) == 1 else line
+    return isinstance(small, cst.Return) and isinstance(small.value, cst.Name) and small.value.value == literal
 
 
 _DISTRIBUTED_PREDICATES = frozenset({"is_initialized", "is_available", "is_dist_avail_and_initialized", "is_distributed"})
 # The operator of a comparison's negation (`not a > b` is `a <= b`), for reading `else` branches.
+# The comparison that holds exactly when the key does not (the `else` side of `if a OP b:`).
+_NEGATION_PAIRS: tuple[tuple[type, type], ...] = (
+    (cst.GreaterThan, cst.LessThanEqual),
+    (cst.GreaterThanEqual, cst.LessThan),
+    (cst.NotEqual, cst.Equal),
+    (cst.In, cst.NotIn),
+    (cst.IsNot, cst.Is),
+)
 NEGATED_OPERATORS: dict[type, type] = {
-    cst.GreaterThan: cst.LessThanEqual,
-    cst.GreaterThanEqual: cst.LessThan,
-    cst.NotEqual: cst.Equal,
-    cst.In: cst.NotIn,
+    **dict(_NEGATION_PAIRS), **{second: first for first, second in _NEGATION_PAIRS}
 }
+# What a distributed switch compared with a literal says: `args.dist == "OFF"`,
+# `cfg.ddp != "on"`, `args.distributed is False`, and mmcv's `args.launcher == "none"`.
+_SWITCH_OFF = frozenset({"off", "none", "false", "no", "0", "disable", "disabled", ""})
+_SWITCH_ON = frozenset({"on", "true", "yes", "1", "enable", "enabled"})
 
 
 def _flag_name(test: cst.BaseExpression) -> Optional[str]:
@@ -280,6 +332,31 @@ def _flag_name(test: cst.BaseExpression) -> Optional[str]:
     if isinstance(key, cst.SimpleString):
         value = key.evaluated_value
         return value.lower() if isinstance(value, str) else None
+    return None
+
+
+def _is_distributed_switch(flag: str) -> bool:
+    """A flag name that switches distributed training on: `distributed`, `use_ddp`, `dist`."""
+    return any(word in flag for word in ("distributed", "ddp", "multiprocessing")) or flag in ("dist", "is_dist")
+
+
+def _switch_position(left: cst.BaseExpression, right: cst.BaseExpression) -> Optional[str]:
+    """"off" or "on" when `left` is a distributed switch (or mmcv's `launcher` option, whose
+    "none" is the one-process run) and `right` a literal naming a position; None otherwise."""
+    flag = _flag_name(left)
+    if flag is None or not (_is_distributed_switch(flag) or flag == "launcher"):
+        return None
+    literal: object = None
+    if isinstance(right, cst.SimpleString):
+        literal = str(right.evaluated_value).strip().lower()
+    elif isinstance(right, cst.Name) and right.value in ("True", "False", "None"):
+        literal = {"True": "true", "False": "false", "None": "none"}[right.value]
+    elif literal_int(right) in (0, 1):
+        literal = str(literal_int(right))
+    if literal in _SWITCH_OFF:
+        return "off"
+    if literal in _SWITCH_ON and flag != "launcher":  # `launcher == "pytorch"`: its else may be SLURM
+        return "on"
     return None
 
 
@@ -319,7 +396,7 @@ def is_single_process_test(model: ModuleModel, test: cst.BaseExpression, negated
         return negated and last_segment(callee) in _DISTRIBUTED_PREDICATES
     flag = _flag_name(test)
     if flag is not None:
-        if any(word in flag for word in ("distributed", "ddp", "multiprocessing")) or flag in ("dist", "is_dist"):
+        if _is_distributed_switch(flag):
             return negated
         # `if cfg["horovod"]: ... else:` in a script that Horovod alone makes multi-process: the
         # other side is the plain one-process run. (Where DDP is the alternative, it is not.)
@@ -336,6 +413,12 @@ def is_single_process_test(model: ModuleModel, test: cst.BaseExpression, negated
             return False
         operator = flipped()
     right = target.comparator
+    switch = _switch_position(test.left, right)
+    if switch is not None:
+        # `args.dist == "OFF"` / `args.distributed is False`; the `else` of `if args.dist == "ON":`.
+        if isinstance(operator, (cst.Equal, cst.Is)):
+            return switch == "off"
+        return isinstance(operator, (cst.NotEqual, cst.IsNot)) and switch == "on"
     if isinstance(test.left, cst.SimpleString) and isinstance(operator, cst.NotIn):
         # `"RANK" not in os.environ`: no launcher set this process up.
         return model.qualify(right) == "os.environ" and str(test.left.evaluated_value) in LAUNCHER_ENV
@@ -416,7 +499,7 @@ def classify_rank_test(
 
     # A bare predicate: `is_main_process()`, `args.is_master`, `master_process`, or a variable
     # bound to a rank comparison (`is_master = rank == 0`).
-    if is_main_process_predicate(model, test, order, function):
+    if is_main_process_predicate(model, test, order, function, depth):
         return "nonzero" if negated else "rank0"
     name = dotted_name(test)
     if name is not None:
@@ -765,7 +848,7 @@ def _rank_kinds(model: ModuleModel, test: cst.BaseExpression, order: int, functi
             return frozenset(out)
     if name is not None and last_segment(name) in LOCAL_MAIN_PROCESS_NAMES:
         return frozenset({"local"})
-    if is_main_process_predicate(model, test, order, function):
+    if is_main_process_predicate(model, test, order, function, depth):
         return frozenset({"global"})
     return frozenset({"unknown"})
 

@@ -7,7 +7,7 @@ from typing import Optional
 import libcst as cst
 
 from ddpdoctor.findings import Fix
-from ddpdoctor.lint.analysis import devices, ranks
+from ddpdoctor.lint.analysis import devices, launch, ranks
 from ddpdoctor.lint.rules.base import Rule
 
 class GlobalRankAsDevice(Rule):
@@ -35,9 +35,13 @@ class GlobalRankAsDevice(Rule):
 
     def check(self) -> None:
         model = self.model
+        if launch.single_node_rendezvous(model):
+            return  # a loopback rendezvous: one node, where the global rank is the local rank
         reported: set[int] = set()
         for argument in devices.device_arguments(model):
             call = argument.call
+            if launch.dead_in_script(model, call.function):
+                continue  # a helper the script no longer calls
             indices = devices.device_indices(model, argument.expr, call.order, call.function, argument.ints)
             computed = [i for i in indices if i.kind == "expr"]
             if not computed:

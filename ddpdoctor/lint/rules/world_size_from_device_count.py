@@ -6,7 +6,7 @@ from typing import Optional
 
 import libcst as cst
 
-from ddpdoctor.lint.analysis import Call, launch
+from ddpdoctor.lint.analysis import launch
 from ddpdoctor.lint.rules.base import Rule
 
 DEVICE_COUNT = frozenset({"torch.cuda.device_count", "torch.accelerator.device_count"})
@@ -22,9 +22,6 @@ LAUNCHER_ENV = frozenset(
 # `--local_rank` is what torch.distributed.launch passes, a launcher that spans nodes too.
 NODE_OPTIONS = frozenset({"nnodes", "nodes", "num_nodes", "n_nodes", "node_rank", "nr", "node_id", "num_machines",
                           "machine_rank", "local_rank"})
-
-
-LOOPBACK_URLS = ("tcp://127.", "tcp://localhost:", "tcp://[::1]:")
 
 
 class WorldSizeFromDeviceCount(Rule):
@@ -56,7 +53,7 @@ class WorldSizeFromDeviceCount(Rule):
             ]
             if not counts or len(counts) != len(leaves):
                 continue
-            if self.loopback_rendezvous(call):
+            if launch.is_loopback_rendezvous(model, call):
                 continue  # `init_method="tcp://127.0.0.1:..."`: the job cannot span nodes
             reason = self.multi_node_reason()
             if reason is None:
@@ -72,11 +69,6 @@ class WorldSizeFromDeviceCount(Rule):
                 f"processes: int(os.environ[\"WORLD_SIZE\"]) under a launcher, or GPUs per node times "
                 f"the number of nodes.",
             )
-
-    def loopback_rendezvous(self, init: Call) -> bool:
-        """The rendezvous address is this machine's loopback interface, so every rank is on it."""
-        method = self.model.const_value(init.arg(1, "init_method"), init.order, init.function)
-        return isinstance(method, str) and method.startswith(LOOPBACK_URLS)
 
     def multi_node_reason(self) -> Optional[str]:
         """Why the script is launched by torchrun/SLURM/MPI or across nodes, or None."""
