@@ -899,6 +899,24 @@ class ModuleModel:
         linked = self.linked_function(call)
         return [linked] if linked is not None else []
 
+    def argument_at(self, site: Call, function: Function, param: str) -> Optional[Expr]:
+        """What `site` (a call of `function`) passes for `param`: the argument written there, else the
+        parameter's default when the call omits it. None when unknowable (`*args` / `**kwargs` at the
+        site, no such parameter, no default)."""
+        if param not in function.params:
+            return None
+        index = self._param_index(function, param)
+        value = site.arg(position=index if index >= 0 else None, keyword=param)
+        if value is not None:
+            return value
+        if site.has_star_args() or not isinstance(function.node, cst.FunctionDef):
+            return None
+        parameters = function.node.params
+        for parameter in (*parameters.posonly_params, *parameters.params, *parameters.kwonly_params):
+            if parameter.name.value == param:
+                return parameter.default
+        return None
+
     def argument_values(self, function: Function, param: str) -> list[Expr]:
         """The expressions passed for `param` at this module's call sites of `function`."""
         return [value for value, _ in self._argument_sites(function, param)]
