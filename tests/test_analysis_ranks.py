@@ -386,3 +386,23 @@ def test_a_rebound_parameter_is_not_the_argument() -> None:
     write(final=True)
     """
     assert runs(source) is Runs.ALL
+
+
+@pytest.mark.parametrize(
+    ("source", "expected"),
+    [
+        # FSDP is the only way this module runs several processes: the flag's other side is one process
+        ("if cfg.enable_fsdp:\n    pass\nelse:\n    target()\n", Runs.SINGLE),
+        ("if not args.fsdp:\n    target()\n", Runs.SINGLE),
+        # the group is created only under the flag
+        ("if cfg.enable_fsdp:\n    dist.init_process_group('nccl')\nif not cfg.enable_fsdp:\n    target()\n",
+         Runs.SINGLE),
+        # ... but not where the group is created on every path, nor where DDP is the alternative
+        ("dist.init_process_group('nccl')\nif not cfg.enable_fsdp:\n    target()\n", Runs.ALL),
+        ("from torch.nn.parallel import DistributedDataParallel as DDP\nif cfg.use_fsdp:\n    pass\n"
+         "else:\n    m = DDP(m)\n    target()\n", Runs.ALL),
+        ("if cfg.enable_fsdp:\n    target()\n", Runs.ALL),
+    ],
+)
+def test_the_other_side_of_an_fsdp_flag(source: str, expected: Runs) -> None:
+    assert runs(source) is expected

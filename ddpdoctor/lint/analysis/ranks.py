@@ -27,6 +27,7 @@ from ddpdoctor.lint.analysis.launch import (
     SPAWN_CALLS,
     env_copy_key,
     env_key,
+    runs_in_module,
 )
 from ddpdoctor.lint.analysis.model import MAX_DEPTH, Assignment, Call, Context, Function, Guard, ModuleModel, Route
 from ddpdoctor.lint.analysis.syntax import (
@@ -291,6 +292,22 @@ def _only_horovod_launches(model: ModuleModel) -> bool:
     )
 
 
+def _only_fsdp_launches(model: ModuleModel, flag: str) -> bool:
+    """The FSDP flag `flag` is this module's only way of running several processes: no DDP wrap,
+    spawn, Horovod or DeepSpeed, and a process group created here only under that flag (or in a
+    helper this module does not call, such as the `setup()` other scripts call under it). Then
+    `if cfg.enable_fsdp: ... else:` has the plain one-process run on its other side, as in the
+    llama-recipes training utilities; where DDP is the alternative (`FSDP(model) if args.fsdp else
+    DDP(model)`), or the group is created on every path, it does not."""
+    if model.calls_named(DDP_CLASS, *SPAWN_CALLS, *DEEPSPEED_INIT_CALLS, *HOROVOD_INIT_CALLS):
+        return False
+    return all(
+        not runs_in_module(model, init.function)
+        or any(not guard.negated and _flag_name(guard.test) == flag for guard in init.ctx.guards)
+        for init in model.calls_named(INIT_PROCESS_GROUP)
+    )
+
+
 def is_single_process_test(model: ModuleModel, test: cst.BaseExpression, negated: bool = False) -> bool:
     """True for a branch condition (its `else` side when `negated`) that holds only when the job is a
     single process: `not args.distributed`, `not dist.is_initialized()`, `args.local_rank == -1`,
@@ -329,6 +346,8 @@ def is_single_process_test(model: ModuleModel, test: cst.BaseExpression, negated
         # `if cfg["horovod"]: ... else:` in a script that Horovod alone makes multi-process: the
         # other side is the plain one-process run. (Where DDP is the alternative, it is not.)
         if "horovod" in flag and _only_horovod_launches(model):
+            return negated
+        if "fsdp" in flag and _only_fsdp_launches(model, flag):
             return negated
         return False
     if not isinstance(test, cst.Comparison) or len(test.comparisons) != 1:
