@@ -1128,6 +1128,21 @@ class ModuleModel:
                 out = out + self.origin_calls(origin.arg(0, "sampler"), origin.order, origin.function)
         return out
 
+    def unwrapped_at_construction(self, *names: str) -> list[tuple[Assignment, Call]]:
+        """Assignments that keep only the inner module of a wrapper built on the same line:
+        `model = DistributedDataParallel(model, ...).module`. The wrapper object itself is dropped,
+        so nothing can ever call it. Each with the wrapper's call; `names` are its qualified names."""
+        out: list[tuple[Assignment, Call]] = []
+        for assignment in self.assignments:
+            value = assignment.value
+            if not isinstance(value, cst.Attribute) or value.attr.value != "module":
+                continue
+            inner = value.value
+            wrap = self.call_of(inner) if isinstance(inner, cst.Call) else None
+            if wrap is not None and wrap.name in names:
+                out.append((assignment, wrap))
+        return out
+
     def resolve_local_function(self, call: Call) -> list[Function]:
         """The module's own functions a call may invoke (`helper()`, `self.helper()`)."""
         if self._callees is None:
