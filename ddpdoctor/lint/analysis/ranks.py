@@ -955,6 +955,8 @@ def main_process_test(model: ModuleModel, at: Call) -> Optional[str]:
             continue
         if guard_rank_kinds(model, guard) != frozenset({"global"}):
             continue
+        if flag_raising_guards(model, guard.test, guard.order, guard.function):
+            continue  # a flag raised under `rank == 0` may stay False in the single-process run
         if all(_same_meaning(model, name, guard, at) for name in names_in(guard.test)):
             found.append((guard.function is not at.function, guard.order, model.code_of(guard.test)))
     return min(found)[2] if found else None
