@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import pathlib
 import textwrap
 
 import libcst as cst
@@ -160,3 +161,27 @@ def test_gpu_zero_at_a_sink_under_the_one_gpu_test() -> None:
     # GPU 1 does not exist on a one-GPU machine: no reason to excuse it here.
     assert only_gpu("if torch.cuda.device_count() < 2:\n    torch.cuda.set_device(1)\n") == [("1", False)]
     assert only_gpu("torch.cuda.set_device(0)\n") == [("0", False)]
+
+
+def test_pins_run_by_importing_a_project_module(tmp_path: pathlib.Path) -> None:
+    from ddpdoctor.lint.analysis import ProjectSources
+
+    (tmp_path / "gpu.py").write_text("import torch\ntorch.cuda.set_device(0)\n")
+    (tmp_path / "tool.py").write_text(
+        "import torch\ndef pin():\n    torch.cuda.set_device(0)\nif __name__ == '__main__':\n    torch.cuda.set_device(0)\n"
+    )
+    project = ProjectSources.for_paths([tmp_path])
+
+    def pins(source: str) -> list[str]:
+        main = tmp_path / f"train_{len(list(tmp_path.iterdir()))}.py"  # a new file: the project caches parses
+        main.write_text(source)
+        model = build_analysis(cst.parse_module(source), str(main), project=project)
+        return [pathlib.Path(other.path).name for other, _ in devices.pinned_on_import(model)]
+
+    assert pins("import gpu\n") == ["gpu.py"]
+    assert pins("def main():\n    from gpu import torch\n") == ["gpu.py"]  # the import runs when main() does
+    # a helper's pin runs when called, and the __main__ block not at all: importing pins nothing
+    assert pins("import tool\n") == []
+    assert pins("import torch\n") == []
+    # without a project (standard input, a snippet) nothing is followed
+    assert devices.pinned_on_import(build_analysis(cst.parse_module("import gpu\n"))) == []

@@ -154,6 +154,13 @@ MAIN_TEST_CASES = {
         "    if not args.distributed or args.rank == 0:\n        print(1)\n    X()\n",
         "not args.distributed or args.rank == 0",
     ),
+    # A flag raised only under `rank == 0` says "main process" in a distributed run, but stays False in a
+    # single-process run: as the test of a fix it would stop that run from saving at all.
+    "a flag raised on rank 0": (
+        "import torch.distributed as dist\ndef main():\n    dist.init_process_group('nccl')\n    loud = False\n"
+        "    if dist.get_rank() == 0:\n        loud = True\n    if loud:\n        print(1)\n    X()\n",
+        None,
+    ),
 }
 
 

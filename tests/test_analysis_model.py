@@ -417,3 +417,21 @@ def test_the_else_guard_belongs_to_its_function() -> None:
     answer = ranks.who_runs(model, model.calls[-1])
     assert answer.guard is not None and answer.guard.negated
     assert answer.guard.function is not None and answer.guard.function.name == "main"
+
+
+def test_unwrapped_at_construction() -> None:
+    model = model_of(
+        """
+        from torch.nn.parallel import DistributedDataParallel as DDP
+        a = DDP(net).module
+        b = DDP(net)
+        c = b.module
+        d = other(net).module
+        self.e = DDP(net, device_ids=[0]).module
+        """
+    )
+    found = model.unwrapped_at_construction("torch.nn.parallel.DistributedDataParallel")
+    assert [(assignment.target, wrap.name) for assignment, wrap in found] == [
+        ("a", "torch.nn.parallel.DistributedDataParallel"),
+        ("self.e", "torch.nn.parallel.DistributedDataParallel"),
+    ]

@@ -261,6 +261,156 @@ def test_single_process_flags(source: str, expected: Runs) -> None:
 @pytest.mark.parametrize(
     ("source", "expected"),
     [
+        # the leaders of MPI sub-communicators create the group in their branch: all its members are there
+        ("if sub_rank == 0:\n    dist.init_process_group('gloo')\n    target()\n", True),
+        ("def main():\n    if sub_rank != 0:\n        return\n    dist.init_process_group('gloo')\n    target()\nmain()\n", True),
+        # the group created by every rank before the branch
+        ("dist.init_process_group('gloo')\nif dist.get_rank() == 0:\n    target()\n", False),
+        # created in the branch, but a nested rank test decides who runs the call
+        ("if sub_rank == 0:\n    dist.init_process_group('gloo')\n    if dist.get_rank() == 0:\n        target()\n", False),
+        # created after the call, or in another branch
+        ("if sub_rank == 0:\n    target()\n    dist.init_process_group('gloo')\n", False),
+        ("if sub_rank == 0:\n    dist.init_process_group('gloo')\nif sub_rank == 0:\n    target()\n", False),
+        ("if sub_rank == 0:\n    dist.init_process_group('gloo')\nelse:\n    target()\n", False),
+    ],
+)
+def test_group_created_under_the_guard(source: str, expected: bool) -> None:
+    assert group_created(source) is expected
+
+
+# A flag that starts False and is raised only where the process is the main one (field evaluation
+# 2026-11e, the ViLBERT family's `default_gpu`).
+RAISED_FLAG = """
+flag = False
+if dist.is_available() and args.local_rank != -1:
+    if dist.get_rank() == 0:
+        flag = True
+else:
+    flag = True
+"""
+
+
+@pytest.mark.parametrize(
+    ("source", "expected"),
+    [
+        (RAISED_FLAG + "if flag:\n    target()\n", Runs.RANK0),
+        # the other side of the flag decides nothing: rank 0 might not have raised it
+        (RAISED_FLAG + "if not flag:\n    target()\n", Runs.ALL),
+        (RAISED_FLAG + "if flag:\n    pass\nelse:\n    target()\n", Runs.ALL),
+        # raised on every rank of the distributed run
+        ("flag = False\nif args.local_rank != -1:\n    flag = True\nif flag:\n    target()\n", Runs.ALL),
+        # raised only where the job is one process: not a rank-0 flag (no rank test raised it)
+        ("flag = False\nif args.local_rank == -1:\n    flag = True\nif flag:\n    target()\n", Runs.ALL),
+        # a value that is not a literal, or a parameter, is not such a flag
+        ("flag = check()\nif dist.get_rank() == 0:\n    flag = True\nif flag:\n    target()\n", Runs.ALL),
+        ("def f(flag):\n    if dist.get_rank() == 0:\n        flag = True\n    if flag:\n        target()\nf(True)\n",
+         Runs.ALL),
+    ],
+)
+def test_flag_raised_only_on_the_main_process(source: str, expected: Runs) -> None:
+    assert runs(source) is expected
+
+
+def test_rank_kinds_of_a_raised_flag_are_those_of_its_rank_test() -> None:
+    from ddpdoctor.lint.analysis.ranks import flag_raising_guards, guard_rank_kinds
+
+    source = "flag = False\nif int(os.environ['LOCAL_RANK']) == 0:\n    flag = True\nif flag:\n    target()\n"
+    model = build_analysis(cst.parse_module(PRELUDE + source))
+    (call,) = [c for c in model.calls if c.dotted == "target"]
+    answer = who_runs(model, call)
+    assert answer.runs is Runs.RANK0 and answer.guard is not None
+    assert len(flag_raising_guards(model, answer.guard.test, answer.guard.order, None)) == 1
+    assert guard_rank_kinds(model, answer.guard) == {"local"}
+
+
+@pytest.mark.parametrize(
+    "test",
+    # the else of `a and b` is `not a or not b`: one process when each negation is
+    ["dist.is_available() and args.distributed", "dist.is_initialized() and args.local_rank != -1"],
+)
+def test_else_of_a_conjunction_of_distributed_checks_is_single_process(test: str) -> None:
+    assert runs(f"if {test}:\n    pass\nelse:\n    target()\n") is Runs.SINGLE
+
+
+@pytest.mark.parametrize(
+    "test",
+    [
+        # one operand's negation says nothing about the number of processes
+        "args.distributed and dist.get_rank() == 0",
+        # no GPU is not one process (CPU jobs run over gloo)
+        "torch.cuda.is_available() and args.distributed",
+    ],
+)
+def test_else_of_a_conjunction_that_is_not_single_process(test: str) -> None:
+    assert runs(f"if {test}:\n    pass\nelse:\n    target()\n") is not Runs.SINGLE
+
+
+def test_no_gpu_is_not_a_single_process_test() -> None:
+    assert runs("if not torch.cuda.is_available():\n    target()\n") is Runs.ALL
+
+
+HELPER_WITH_FLAG = """
+def write(final=False):
+    if final:
+        pass
+    elif not quiet:
+        target()
+"""
+
+
+@pytest.mark.parametrize(
+    ("calls", "expected"),
+    [
+        # the unguarded call passes final=True: it cannot reach the elif; the guarded one can
+        ("if dist.get_rank() == 0:\n    write()\nwrite(final=True)\n", Runs.RANK0),
+        ("if dist.get_rank() == 0:\n    write(False)\nwrite(True)\n", Runs.RANK0),
+        # the default (False) reaches it from every rank
+        ("if dist.get_rank() == 0:\n    write()\nwrite()\n", Runs.ALL),
+        # a value that is not a literal may be anything
+        ("if dist.get_rank() == 0:\n    write()\nwrite(final=args.final)\n", Runs.ALL),
+        ("if dist.get_rank() == 0:\n    write()\nwrite(**options)\n", Runs.ALL),
+    ],
+)
+def test_a_literal_argument_decides_which_branch_a_call_site_reaches(calls: str, expected: Runs) -> None:
+    assert runs(HELPER_WITH_FLAG + calls) is expected
+
+
+def test_a_rebound_parameter_is_not_the_argument() -> None:
+    source = """
+    def write(final=False):
+        final = check()
+        if not final:
+            target()
+    if dist.get_rank() == 0:
+        write()
+    write(final=True)
+    """
+    assert runs(source) is Runs.ALL
+
+
+@pytest.mark.parametrize(
+    ("source", "expected"),
+    [
+        # FSDP is the only way this module runs several processes: the flag's other side is one process
+        ("if cfg.enable_fsdp:\n    pass\nelse:\n    target()\n", Runs.SINGLE),
+        ("if not args.fsdp:\n    target()\n", Runs.SINGLE),
+        # the group is created only under the flag
+        ("if cfg.enable_fsdp:\n    dist.init_process_group('nccl')\nif not cfg.enable_fsdp:\n    target()\n",
+         Runs.SINGLE),
+        # ... but not where the group is created on every path, nor where DDP is the alternative
+        ("dist.init_process_group('nccl')\nif not cfg.enable_fsdp:\n    target()\n", Runs.ALL),
+        ("from torch.nn.parallel import DistributedDataParallel as DDP\nif cfg.use_fsdp:\n    pass\n"
+         "else:\n    m = DDP(m)\n    target()\n", Runs.ALL),
+        ("if cfg.enable_fsdp:\n    target()\n", Runs.ALL),
+    ],
+)
+def test_the_other_side_of_an_fsdp_flag(source: str, expected: Runs) -> None:
+    assert runs(source) is expected
+
+
+@pytest.mark.parametrize(
+    ("source", "expected"),
+    [
         # A distributed switch compared with a literal (field evaluation 2026-11d): string options
         # such as `--dist ON|OFF`, booleans written out, and mmcv's `--launcher none|pytorch|slurm`.
         ('if args.dist == "OFF":\n    target()\n', Runs.SINGLE),
@@ -280,26 +430,6 @@ def test_single_process_flags(source: str, expected: Runs) -> None:
 )
 def test_distributed_switch_compared_with_a_literal(source: str, expected: Runs) -> None:
     assert runs(source) is expected
-
-
-@pytest.mark.parametrize(
-    ("source", "expected"),
-    [
-        # the leaders of MPI sub-communicators create the group in their branch: all its members are there
-        ("if sub_rank == 0:\n    dist.init_process_group('gloo')\n    target()\n", True),
-        ("def main():\n    if sub_rank != 0:\n        return\n    dist.init_process_group('gloo')\n    target()\nmain()\n", True),
-        # the group created by every rank before the branch
-        ("dist.init_process_group('gloo')\nif dist.get_rank() == 0:\n    target()\n", False),
-        # created in the branch, but a nested rank test decides who runs the call
-        ("if sub_rank == 0:\n    dist.init_process_group('gloo')\n    if dist.get_rank() == 0:\n        target()\n", False),
-        # created after the call, or in another branch
-        ("if sub_rank == 0:\n    target()\n    dist.init_process_group('gloo')\n", False),
-        ("if sub_rank == 0:\n    dist.init_process_group('gloo')\nif sub_rank == 0:\n    target()\n", False),
-        ("if sub_rank == 0:\n    dist.init_process_group('gloo')\nelse:\n    target()\n", False),
-    ],
-)
-def test_group_created_under_the_guard(source: str, expected: bool) -> None:
-    assert group_created(source) is expected
 
 
 HELPERS = """

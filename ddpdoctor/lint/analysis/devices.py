@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import re
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Optional, Union
 
 import libcst as cst
@@ -14,7 +15,7 @@ from ddpdoctor.lint.analysis.harness import in_test_case
 from ddpdoctor.lint.analysis.launch import DDP_CLASS, GPU_COUNT, INIT_PROCESS_GROUP, runs_in_module
 from ddpdoctor.lint.analysis.model import MAX_DEPTH, Assignment, Call, Function, ModuleModel
 from ddpdoctor.lint.analysis.ranks import NEGATED_OPERATORS, Runs, rank_source, who_runs
-from ddpdoctor.lint.analysis.syntax import MIRRORED_OPERATORS, dotted_name, literal_int, walk
+from ddpdoctor.lint.analysis.syntax import MIRRORED_OPERATORS, dotted_name, literal_int, names_in, walk
 
 BARRIER = "torch.distributed.barrier"
 # Calls that make a device the process's current one (a call or a `with` context).
@@ -86,6 +87,30 @@ def visible_devices_writes(model: ModuleModel, within: Optional[Function] = None
             elif arg.keyword is not None and arg.keyword.value in VISIBLE_DEVICES_KEYS:
                 out.append(call.node)
     return out
+
+
+def pinned_on_import(model: ModuleModel) -> list[tuple[ModuleModel, Call]]:
+    """The device pins that importing a project module runs: a `model/utils.py` whose top level does
+    `torch.cuda.set_device(rank)` when the GPU count is above one, imported here for its `device`
+    and `local_rank`. Importing it pins this process's GPU as surely as a call here would. Only the
+    imported module's own top-level statements count (not its functions, nor what sits under
+    `if __name__ == "__main__":`, which an import does not run); one level of imports. Each with
+    the model of the module it is in. Empty without a project (stdin, snippets)."""
+    project = model.project
+    if project is None:
+        return []
+    out: list[tuple[ModuleModel, Call]] = []
+    for path in project.imported_modules(Path(model.path)):
+        other = model.project_model(path)
+        if other is None or other is model:
+            continue
+        out.extend((other, call) for call in device_pin_calls(other) if _runs_on_import(call))
+    return out
+
+
+def _runs_on_import(call: Call) -> bool:
+    """A module-level call outside the `if __name__ == "__main__":` block."""
+    return call.function is None and not any("__name__" in names_in(guard.test) for guard in call.ctx.guards)
 
 
 @dataclass(eq=False)

@@ -899,6 +899,24 @@ class ModuleModel:
         linked = self.linked_function(call)
         return [linked] if linked is not None else []
 
+    def argument_at(self, site: Call, function: Function, param: str) -> Optional[Expr]:
+        """What `site` (a call of `function`) passes for `param`: the argument written there, else the
+        parameter's default when the call omits it. None when unknowable (`*args` / `**kwargs` at the
+        site, no such parameter, no default)."""
+        if param not in function.params:
+            return None
+        index = self._param_index(function, param)
+        value = site.arg(position=index if index >= 0 else None, keyword=param)
+        if value is not None:
+            return value
+        if site.has_star_args() or not isinstance(function.node, cst.FunctionDef):
+            return None
+        parameters = function.node.params
+        for parameter in (*parameters.posonly_params, *parameters.params, *parameters.kwonly_params):
+            if parameter.name.value == param:
+                return parameter.default
+        return None
+
     def argument_values(self, function: Function, param: str) -> list[Expr]:
         """The expressions passed for `param` at this module's call sites of `function`."""
         return [value for value, _ in self._argument_sites(function, param)]
@@ -1108,6 +1126,21 @@ class ModuleModel:
         for origin in self.origin_calls(loader.arg(4, "batch_sampler"), loader.order, loader.function):
             if origin.name == "torch.utils.data.BatchSampler":
                 out = out + self.origin_calls(origin.arg(0, "sampler"), origin.order, origin.function)
+        return out
+
+    def unwrapped_at_construction(self, *names: str) -> list[tuple[Assignment, Call]]:
+        """Assignments that keep only the inner module of a wrapper built on the same line:
+        `model = DistributedDataParallel(model, ...).module`. The wrapper object itself is dropped,
+        so nothing can ever call it. Each with the wrapper's call; `names` are its qualified names."""
+        out: list[tuple[Assignment, Call]] = []
+        for assignment in self.assignments:
+            value = assignment.value
+            if not isinstance(value, cst.Attribute) or value.attr.value != "module":
+                continue
+            inner = value.value
+            wrap = self.call_of(inner) if isinstance(inner, cst.Call) else None
+            if wrap is not None and wrap.name in names:
+                out.append((assignment, wrap))
         return out
 
     def resolve_local_function(self, call: Call) -> list[Function]:

@@ -27,6 +27,7 @@ from ddpdoctor.lint.analysis.launch import (
     SPAWN_CALLS,
     env_copy_key,
     env_key,
+    runs_in_module,
 )
 from ddpdoctor.lint.analysis.model import MAX_DEPTH, Assignment, Call, Context, Function, Guard, ModuleModel, Route
 from ddpdoctor.lint.analysis.syntax import (
@@ -368,6 +369,22 @@ def _only_horovod_launches(model: ModuleModel) -> bool:
     )
 
 
+def _only_fsdp_launches(model: ModuleModel, flag: str) -> bool:
+    """The FSDP flag `flag` is this module's only way of running several processes: no DDP wrap,
+    spawn, Horovod or DeepSpeed, and a process group created here only under that flag (or in a
+    helper this module does not call, such as the `setup()` other scripts call under it). Then
+    `if cfg.enable_fsdp: ... else:` has the plain one-process run on its other side, as in the
+    llama-recipes training utilities; where DDP is the alternative (`FSDP(model) if args.fsdp else
+    DDP(model)`), or the group is created on every path, it does not."""
+    if model.calls_named(DDP_CLASS, *SPAWN_CALLS, *DEEPSPEED_INIT_CALLS, *HOROVOD_INIT_CALLS):
+        return False
+    return all(
+        not runs_in_module(model, init.function)
+        or any(not guard.negated and _flag_name(guard.test) == flag for guard in init.ctx.guards)
+        for init in model.calls_named(INIT_PROCESS_GROUP)
+    )
+
+
 def is_single_process_test(model: ModuleModel, test: cst.BaseExpression, negated: bool = False) -> bool:
     """True for a branch condition (its `else` side when `negated`) that holds only when the job is a
     single process: `not args.distributed`, `not dist.is_initialized()`, `args.local_rank == -1`,
@@ -380,6 +397,10 @@ def is_single_process_test(model: ModuleModel, test: cst.BaseExpression, negated
         # `a and b` holds only if both do; `not (a or b)` only if neither does.
         if isinstance(test.operator, cst.And) and not negated:
             return any(is_single_process_test(model, side, False) for side in (test.left, test.right))
+        if isinstance(test.operator, cst.And) and negated:
+            # The `else` of `if dist.is_available() and args.distributed:` is `not a or not b`: one
+            # process only if every operand's negation means one process.
+            return all(is_single_process_test(model, side, True) for side in flatten_boolean(test))
         if isinstance(test.operator, cst.Or) and negated:
             return any(is_single_process_test(model, side, True) for side in (test.left, test.right))
         if isinstance(test.operator, cst.Or) and not negated:
@@ -393,7 +414,8 @@ def is_single_process_test(model: ModuleModel, test: cst.BaseExpression, negated
         return False
     if isinstance(test, cst.Call) and last_segment(dotted_name(test.func) or "") != "get":
         callee = model.qualify(test.func) or dotted_name(test.func) or ""
-        return negated and last_segment(callee) in _DISTRIBUTED_PREDICATES
+        # `not torch.cuda.is_available()` says there is no GPU, not that there is one process.
+        return negated and last_segment(callee) in _DISTRIBUTED_PREDICATES and not callee.startswith("torch.cuda.")
     flag = _flag_name(test)
     if flag is not None:
         if _is_distributed_switch(flag):
@@ -401,6 +423,8 @@ def is_single_process_test(model: ModuleModel, test: cst.BaseExpression, negated
         # `if cfg["horovod"]: ... else:` in a script that Horovod alone makes multi-process: the
         # other side is the plain one-process run. (Where DDP is the alternative, it is not.)
         if "horovod" in flag and _only_horovod_launches(model):
+            return negated
+        if "fsdp" in flag and _only_fsdp_launches(model, flag):
             return negated
         return False
     if not isinstance(test, cst.Comparison) or len(test.comparisons) != 1:
@@ -509,7 +533,47 @@ def classify_rank_test(
             kind = classify_rank_test(model, value, order, function, negated, depth + 1)
             if kind is not None:
                 return kind
+        if not negated and flag_raising_guards(model, test, order, function, depth + 1):
+            return "rank0"
     return None
+
+
+def _bool_literal(value: Optional[cst.BaseExpression]) -> Optional[bool]:
+    if isinstance(value, cst.Name) and value.value in ("True", "False"):
+        return value.value == "True"
+    return None
+
+
+def flag_raising_guards(
+    model: ModuleModel, test: cst.BaseExpression, order: int, function: Optional[Function], depth: int = 0
+) -> tuple[Guard, ...]:
+    """The rank conditions under which a boolean flag is set, when it is only ever set on the main
+    process: `default_gpu = False`, then `default_gpu = True` under `if dist.get_rank() == 0:` and in
+    the single-process `else:` (the ViLBERT family). Every assignment that reaches `test` must be a
+    literal True or False, and each True must be decided rank 0 or single-process by its own
+    branches, and at least one of them by a rank-0 condition; then `if default_gpu:` holds on the
+    main process only. Returns those rank-0 conditions; empty when the name is no such flag (a
+    parameter, a computed value, a True set on every rank, or one set only where the job is a
+    single process)."""
+    if depth > MAX_DEPTH:
+        return ()
+    name = dotted_name(test)
+    if name is None:
+        return ()
+    assignments = model.reaching_assignments(name, order, function)
+    values = [_bool_literal(a.value) for a in assignments]
+    if True not in values or None in values:
+        return ()
+    deciding: list[Guard] = []
+    for assignment, value in zip(assignments, values):
+        if not value:
+            continue
+        decided = decided_by_guards(model, assignment.ctx.guards, depth + 1)
+        if decided is None or decided.runs not in (Runs.RANK0, Runs.SINGLE):
+            return ()
+        if decided.runs is Runs.RANK0 and decided.guard is not None:
+            deciding.append(decided.guard)
+    return tuple(deciding)
 
 
 
@@ -632,7 +696,7 @@ def _who_runs(model: ModuleModel, item: _Located) -> WhoRuns:
         return WhoRuns(Runs.ALL)
     answers: list[tuple[Call, WhoRuns]] = []
     for site in model.callers(function):
-        if site.function is not function:
+        if site.function is not function and _site_reaches(model, site, function, item.ctx.guards):
             answer = _memo_who_runs(model, site)
             if answer is not None:
                 answers.append((site, answer))
@@ -651,14 +715,35 @@ def _who_runs(model: ModuleModel, item: _Located) -> WhoRuns:
     return WhoRuns(runs, answer.guard, site)
 
 
-def decided_by_guards(model: ModuleModel, guards: Sequence[Guard]) -> Optional[WhoRuns]:
+def _site_reaches(model: ModuleModel, site: Call, function: Function, guards: Sequence[Guard]) -> bool:
+    """False when a call site of `function` cannot get to the statement under `guards`: a branch in
+    the function tests a flag parameter (`if save_cur:`, `elif not final:`) that this site fixes with
+    a literal, or leaves at a literal default, that takes the other way. `save_checkpoint(...,
+    save_cur=True)` called on every rank never reaches the `else` save of the periodic checkpoint."""
+    for guard in guards:
+        if guard.function is not function:
+            continue
+        test, holds_when = guard.test, not guard.negated
+        while isinstance(test, cst.UnaryOperation) and isinstance(test.operator, cst.Not):
+            test, holds_when = test.expression, not holds_when
+        if not isinstance(test, cst.Name) or test.value not in function.params:
+            continue
+        if any(a.kind != "param" for a in model.reaching_assignments(test.value, guard.order, function)):
+            continue  # rebound in the body: the test no longer reads the argument
+        passed = _bool_literal(model.argument_at(site, function, test.value))
+        if passed is not None and passed is not holds_when:
+            return False
+    return True
+
+
+def decided_by_guards(model: ModuleModel, guards: Sequence[Guard], depth: int = 0) -> Optional[WhoRuns]:
     """A single-process condition anywhere around wins (that code never runs in the distributed
     job); otherwise the innermost rank condition."""
     for guard in guards:
         if is_single_process_test(model, guard.test, guard.negated) or _gpu_count_of_one_process(model, guard):
             return WhoRuns(Runs.SINGLE, guard)
     for guard in reversed(guards):
-        kind = classify_rank_test(model, guard.test, guard.order, guard.function, guard.negated)
+        kind = classify_rank_test(model, guard.test, guard.order, guard.function, guard.negated, depth)
         if kind is not None:
             return WhoRuns(Runs(kind), guard)
         if not guard.negated and tests_node_zero(model, guard.test, guard.order, guard.function):
@@ -844,6 +929,9 @@ def _rank_kinds(model: ModuleModel, test: cst.BaseExpression, order: int, functi
         for value in model.reaching_values(test, order, function):
             if value is not test and isinstance(value, (cst.Comparison, cst.BooleanOperation, cst.UnaryOperation)):
                 out |= _rank_kinds(model, value, order, function, depth + 1)
+        # A flag raised under rank tests (`default_gpu = True` under `if rank == 0:`): what they compare.
+        for guard in flag_raising_guards(model, test, order, function, depth + 1):
+            out |= _rank_kinds(model, guard.test, guard.order, guard.function, depth + 1)
         if out:
             return frozenset(out)
     if name is not None and last_segment(name) in LOCAL_MAIN_PROCESS_NAMES:
@@ -950,6 +1038,8 @@ def main_process_test(model: ModuleModel, at: Call) -> Optional[str]:
             continue
         if guard_rank_kinds(model, guard) != frozenset({"global"}):
             continue
+        if flag_raising_guards(model, guard.test, guard.order, guard.function):
+            continue  # a flag raised under `rank == 0` may stay False in the single-process run
         if all(_same_meaning(model, name, guard, at) for name in names_in(guard.test)):
             found.append((guard.function is not at.function, guard.order, model.code_of(guard.test)))
     return min(found)[2] if found else None

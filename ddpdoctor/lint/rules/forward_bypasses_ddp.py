@@ -36,12 +36,13 @@ class ForwardBypassesDDP(Rule):
     """
 
     code = "DDP010"
-    trigger_words = (".module(", ".module.forward(")
+    trigger_words = (".module(", ".module.forward(", ").module")
     context_words = ("DistributedDataParallel",)
 
     def check(self) -> None:
         if not self.model.calls_named(DDP):
             return
+        self.check_discarded_wrappers()
         for call in self.model.calls:
             wrapped = self._wrapped_receiver(call)
             if wrapped is None:
@@ -67,6 +68,21 @@ class ForwardBypassesDDP(Rule):
                     applicable=False,
                     edits=(self.replace(call.node.func, receiver),),
                 ),
+            )
+
+    def check_discarded_wrappers(self) -> None:
+        """`model = DDP(model, ...).module` in a module that trains: the DDP object is thrown away where
+        it is built, so every forward bypasses it."""
+        if not any(c.attr == "backward" for c in self.model.calls):
+            return  # an evaluation or export script: no gradients to all-reduce
+        for assignment, wrap in self.model.unwrapped_at_construction(DDP):
+            self.report(
+                wrap.node,
+                f"`{assignment.target} = DistributedDataParallel(...).module` keeps only the inner module: the DDP "
+                f"object is dropped where it is built, so no forward pass goes through it, the gradients are never "
+                f"all-reduced and the replicas drift apart. Keep the DDP object for training "
+                f"(`{assignment.target} = DistributedDataParallel(...)`) and use `.module` only to save or load "
+                f"its state.",
             )
 
     @staticmethod

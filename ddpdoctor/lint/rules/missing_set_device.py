@@ -38,7 +38,7 @@ class MissingSetDevice(Rule):
             call for call in model.calls_named(launch.INIT_PROCESS_GROUP)
             if launch.may_create_nccl_group(model, call) and launch.runs_in_module(model, call.function) and not harness.in_test_case(call)
         ]
-        if devices.device_pin_calls(model) or devices.visible_devices_writes(model):
+        if devices.device_pin_calls(model) or devices.visible_devices_writes(model) or devices.pinned_on_import(model):
             return
         # Issue 10: a script that names cuda:LOCAL_RANK everywhere never falls back to GPU 0; only
         # what relies on the current device (bare .cuda(), barrier(), object collectives) does.
