@@ -417,3 +417,83 @@ def test_the_else_guard_belongs_to_its_function() -> None:
     answer = ranks.who_runs(model, model.calls[-1])
     assert answer.guard is not None and answer.guard.negated
     assert answer.guard.function is not None and answer.guard.function.name == "main"
+
+
+def test_loader_samplers_given_by_position() -> None:
+    # DataLoader(dataset, batch_size, shuffle, sampler, batch_sampler, ...)
+    model = model_of(
+        """
+        from torch.utils.data import BatchSampler, DataLoader, DistributedSampler
+        plain = DistributedSampler(a)
+        DataLoader(a, 8, False, plain)
+        batched = DistributedSampler(b)
+        DataLoader(b, 1, False, None, BatchSampler(batched, 8, False))
+        """
+    )
+    direct, inside = model.calls_named("torch.utils.data.DataLoader")
+    plain, batched = model.calls_named("torch.utils.data.DistributedSampler")
+    assert model.loader_samplers(direct) == [plain]
+    assert model.loader_samplers(inside) == [batched]
+
+
+def test_origin_calls_of_either_side_of_or_inside_a_function() -> None:
+    model = model_of(
+        """
+        from torch.utils.data import DistributedSampler, RandomSampler
+        def main(data):
+            given = DistributedSampler(data)
+            sampler = given or RandomSampler(data)
+            target(sampler)
+        main(d)
+        """
+    )
+    (call,) = [c for c in model.calls if c.dotted == "target"]
+    origins = model.origin_calls(call.arg(0), call.order, call.function)
+    assert [c.name for c in origins] == [
+        "torch.utils.data.DistributedSampler", "torch.utils.data.RandomSampler",
+    ]
+
+
+def test_argparse_defaults_including_argparse_own() -> None:
+    model = model_of(
+        """
+        import argparse
+        parser = argparse.ArgumentParser()
+        parser.add_argument("--batch-size", type=int, default=64)
+        parser.add_argument("--amp", action="store_true")
+        parser.add_argument("--no-shuffle", dest="shuffle", action="store_false")
+        parser.add_argument("--local_rank", type=int)
+        parser.add_argument("epochs", type=int)
+        args = parser.parse_args()
+        """
+    )
+    defaults = {
+        name: model.code_of(model.argparse_default(f"args.{name}"))
+        for name in ("batch_size", "amp", "shuffle", "local_rank")
+    }
+    assert defaults == {"batch_size": "64", "amp": "False", "shuffle": "True", "local_rank": "None"}
+    # a positional argument has argparse's own default too; a name nobody declared has none
+    assert model.code_of(model.argparse_default("args.epochs")) == "None"
+    assert model.argparse_default("args.lr") is None
+    assert model.const_value(model.argparse_default("args.local_rank"), 0, None) is None
+
+
+def test_a_method_call_on_another_object_is_no_call_site_of_a_module_function() -> None:
+    model = model_of(
+        """
+        def step(state):
+            return state
+        class Loop:
+            def step(self):
+                return 1
+            def run(self):
+                self.step()
+        optimizer.step()
+        step(s)
+        Loop.step(loop)
+        """
+    )
+    helper = next(f for f in model.functions_named("step") if f.klass is None)
+    method = next(f for f in model.functions_named("step") if f.klass is not None)
+    assert [model.code_of(c.node) for c in model.call_sites(helper)] == ["step(s)"]
+    assert sorted(model.code_of(c.node) for c in model.call_sites(method)) == ["Loop.step(loop)", "self.step()"]
