@@ -497,3 +497,64 @@ def test_a_method_call_on_another_object_is_no_call_site_of_a_module_function() 
     method = next(f for f in model.functions_named("step") if f.klass is not None)
     assert [model.code_of(c.node) for c in model.call_sites(helper)] == ["step(s)"]
     assert sorted(model.code_of(c.node) for c in model.call_sites(method)) == ["Loop.step(loop)", "self.step()"]
+
+
+def test_star_keywords_unknown_after_an_augmented_item_assignment() -> None:
+    model = model_of(
+        """
+        from torch.utils.data import DataLoader
+        kw = dict(batch_size=8)
+        kw["batch_size"] *= 2
+        DataLoader(ds, **kw)
+        """
+    )
+    loader = model.calls_named("torch.utils.data.DataLoader")[0]
+    assert loader.has_star_args() and loader.arg(keyword="batch_size") is None
+
+
+def test_an_attribute_of_self_reaches_from_its_own_class_only() -> None:
+    model = model_of(
+        """
+        class Student:
+            def __init__(self):
+                self.device = torch.device("cuda", local_rank)
+            def run(self):
+                target(self.device)
+        class Teacher:
+            def __init__(self):
+                self.device = "cpu"
+        """
+    )
+    (call,) = [c for c in model.calls if c.dotted == "target"]
+    values = model.reaching_values(call.arg(0), call.order, call.function)
+    assert [model.code_of(v) for v in values] == ['torch.device("cuda", local_rank)']
+
+
+def test_calls_in_assignment_targets_and_in_the_else_of_a_try_are_seen() -> None:
+    model = model_of(
+        """
+        registry().current, rest = pair
+        try:
+            import horovod.torch as hvd
+        except ImportError:
+            hvd = None
+        else:
+            hvd.init()
+        """
+    )
+    assert [c.dotted for c in model.calls] == ["registry", "hvd.init"]
+
+
+def test_routes_through_both_sides_of_a_conditional_inside_a_function() -> None:
+    model = model_of(
+        """
+        import torch.distributed as dist
+        def main(ok):
+            r = dist.get_rank()
+            target(r if ok else 0)
+        main(True)
+        """
+    )
+    (call,) = [c for c in model.calls if c.dotted == "target"]
+    routes = model.routes(call.arg(0), call.order, call.function)
+    assert [model.code_of(r.value) for r in routes] == ["dist.get_rank()", "0"]

@@ -130,6 +130,18 @@ def test_helper_only_called_under_a_guard() -> None:
     assert runs(source) is Runs.RANK0
 
 
+def test_helper_called_on_rank_0_or_in_a_single_process_run_is_rank_0_work() -> None:
+    source = """
+    def save():
+        target()
+    if not dist.is_initialized():
+        save()
+    elif dist.get_rank() == 0:
+        save()
+    """
+    assert runs(source) is Runs.RANK0
+
+
 def test_helper_called_guarded_and_unguarded_runs_everywhere() -> None:
     source = """
     def save():

@@ -285,3 +285,21 @@ def test_global_rank_device_message_names_where_the_rank_is_read() -> None:
         "DDP004",
     )
     assert message.startswith("torch.cuda.set_device() uses the global rank `dist.get_rank()` (line 5) as a CUDA")
+
+
+def test_hard_coded_output_device_given_by_position() -> None:
+    # DistributedDataParallel(module, device_ids, output_device, ...)
+    (message,) = messages(
+        """
+        import os
+        import torch
+        import torch.distributed as dist
+        from torch.nn.parallel import DistributedDataParallel as DDP
+        dist.init_process_group("nccl")
+        local_rank = int(os.environ["LOCAL_RANK"])
+        torch.cuda.set_device(local_rank)
+        model = DDP(net.cuda(), [local_rank], 0)
+        """,
+        "DDP003",
+    )
+    assert message.startswith("output_device is given the hard-coded device 0 in a multi-process script")
