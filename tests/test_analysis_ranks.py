@@ -316,7 +316,7 @@ def kinds_of_argument(source: str) -> tuple[Optional[str], Optional[str]]:
         ("target(args.rank)\n", "global", None),
         ("gpu = cfg.local_rank\ntarget(gpu)\n", "local", None),
         ("target(args.node_rank)\n", None, None),
-        # a project helper's name is trusted like a variable's
+        # a rank helper's name (`get_local_rank()`) is trusted by both, unlike a variable's
         ("target(get_local_rank())\n", "local", "local"),
     ],
 )
