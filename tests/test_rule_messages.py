@@ -273,18 +273,22 @@ def test_clip_through_an_alias_names_both_spellings() -> None:
     assert message.startswith("clip() (torch.nn.utils.clip_grad_norm_) clips gradients that are still multiplied")
 
 
-def test_global_rank_device_message_names_where_the_rank_is_read() -> None:
+@pytest.mark.parametrize(
+    "use, what",
+    [("torch.cuda.set_device(rank)", "torch.cuda.set_device()"), ('net.to(f"cuda:{rank}")', ".to()")],
+)
+def test_global_rank_device_message_names_where_the_rank_is_read(use: str, what: str) -> None:
     (message,) = messages(
-        """
+        f"""
         import torch
         import torch.distributed as dist
         dist.init_process_group("nccl")
-        gpu = dist.get_rank()
-        torch.cuda.set_device(gpu)
+        rank = dist.get_rank()
+        {use}
         """,
         "DDP004",
     )
-    assert message.startswith("torch.cuda.set_device() uses the global rank `dist.get_rank()` (line 5) as a CUDA")
+    assert message.startswith(f"{what} uses the global rank `dist.get_rank()` (line 5) as a CUDA device index")
 
 
 def test_hard_coded_output_device_given_by_position() -> None:
