@@ -65,6 +65,7 @@ def test_uses_of_the_current_device(source: str, what: str) -> None:
         "dist.barrier(device_ids=[local_rank])\n",
         'objs = [1]\ndist.broadcast_object_list(objs, src=0, device=torch.device("cuda", local_rank))\n',
         "torch.cuda.synchronize(local_rank)\n",
+        "torch.cuda.synchronize(device=local_rank)\n",
         # empty_cache empties every device's cache; allocator counters open no context
         "torch.cuda.empty_cache()\nprint(torch.cuda.max_memory_allocated())\n",
         # restores to the saved index, not the current device (another rule's business)
@@ -97,7 +98,7 @@ def one_gpu_branch(test: str, in_else: bool = False) -> bool:
     """Whether `test` (its `else` side when `in_else`) holds only on a machine with one GPU, read
     at the `target()` call in that branch."""
     body = f"if {test}:\n    pass\nelse:\n    target()\n" if in_else else f"if {test}:\n    target()\n"
-    model = build_analysis(cst.parse_module(PRELUDE + "n = torch.cuda.device_count()\n" + body))
+    model = build_analysis(cst.parse_module(PRELUDE + "n = torch.cuda.device_count()\nsingle = n == 1\n" + body))
     (guard,) = next(c for c in model.calls if c.dotted == "target").ctx.guards
     return devices.is_one_gpu_test(model, guard.test, guard.order, guard.function, guard.negated)
 
@@ -113,6 +114,8 @@ def one_gpu_branch(test: str, in_else: bool = False) -> bool:
         ("torch.cuda.device_count() > 1", True),
         ("torch.cuda.device_count() >= 2", True),
         ("n == 1", False),  # the count held in a variable
+        ("single", False),  # the comparison held in a variable
+        ("not single", True),
         ("n == 1 and local_rank >= 0", False),
         ("n > 1 or local_rank < 0", True),
     ],

@@ -179,12 +179,16 @@ def test_uses_cuda(source: str, cuda: bool) -> None:
     [
         ("local_rank = int(os.environ['LOCAL_RANK'])\ndevice = torch.device('cuda', local_rank)\ntarget()\n", "device"),
         ("local_rank = int(os.environ['LOCAL_RANK'])\nloc = f'cuda:{local_rank}'\ntarget()\n", "loc"),
+        # the process index mp.spawn passes is the local rank too
+        ("def worker(i):\n    loc = f'cuda:{i}'\n    target()\nmp.spawn(worker, nprocs=2)\n", "loc"),
         ("local_rank = int(os.environ['LOCAL_RANK'])\ntorch.cuda.set_device(local_rank)\ntarget()\n", 'f"cuda:{local_rank}"'),
         # the global rank is no device; a pin under another condition, or after the call, does not count
         ("rank = dist.get_rank()\ndevice = torch.device('cuda', rank)\ntarget()\n", None),
         ("local_rank = int(os.environ['LOCAL_RANK'])\nif ok:\n    torch.cuda.set_device(local_rank)\ntarget()\n", None),
         ("local_rank = int(os.environ['LOCAL_RANK'])\ntarget()\ntorch.cuda.set_device(local_rank)\n", None),
         ("local_rank = int(os.environ['LOCAL_RANK'])\nif ok:\n    device = torch.device('cuda', local_rank)\ntarget()\n", None),
+        # an attribute is no plain variable: any call in between may rebind it
+        ("local_rank = int(os.environ['LOCAL_RANK'])\nargs.device = torch.device('cuda', local_rank)\ntarget()\n", None),
     ],
 )
 def test_local_device_expression(source: str, expected: Optional[str]) -> None:

@@ -149,6 +149,16 @@ MAIN_TEST_CASES = {
         "    if dist.get_rank() == 0 and epoch % 5 == 0:\n        print(1)\n    X()\n",
         None,
     ),
+    "the else of a non-zero test: its text says the opposite": (
+        "import torch.distributed as dist\ndef main():\n    dist.init_process_group('nccl')\n"
+        "    if dist.get_rank() != 0:\n        pass\n    else:\n        print(1)\n    X()\n",
+        None,
+    ),
+    "an attribute of self (any call may change it)": (
+        "import torch.distributed as dist\nclass Trainer:\n    def run(self):\n        dist.init_process_group('nccl')\n"
+        "        self.rank = dist.get_rank()\n        if self.rank == 0:\n            print(1)\n        X()\n",
+        None,
+    ),
     "the single-process-or-rank-0 idiom": (
         "import torch.distributed as dist\ndef main(args):\n    dist.init_process_group('nccl')\n"
         "    if not args.distributed or args.rank == 0:\n        print(1)\n    X()\n",

@@ -55,6 +55,12 @@ def scaling(source: str) -> str:
         ("def build(lr):\n    target(lr)\nbuild(0.1 * hvd.size())\n", launch.SCALED),
         ("target(config.learning_rate)\n", launch.UNKNOWN_SCALING),  # a config object: cannot be followed
         ("target(load_lr())\n", launch.UNKNOWN_SCALING),
+        # through a conversion, a sign or the other side of a conditional, inside a function
+        ("def main():\n    lr = args.lr\n    target(float(lr))\nmain()\n", launch.UNSCALED),
+        ("def main():\n    lr = args.lr\n    target(-lr)\nmain()\n", launch.UNSCALED),
+        ("def main():\n    lr = args.lr\n    target(0.1 if args.fixed else lr)\nmain()\n", launch.UNSCALED),
+        ("def main():\n    lr = load_lr()\n    target(0.1 if args.fixed else lr)\nmain()\n", launch.UNKNOWN_SCALING),
+        ("def main():\n    lr = args.lr * 2\n    target(0.1 if args.fixed else lr)\nmain()\n", launch.UNSCALED),
     ],
 )
 def test_scaling_by_the_worker_count(source: str, expected: str) -> None:
@@ -87,6 +93,8 @@ def divided(source: str) -> Optional[int]:
         ("lr = args.lr / hvd.size()\n", None),
         ("batch_size = args.batch_size // 2\n", None),
         ("batch_size = args.batch_size * hvd.size()\n", None),
+        # only the attribute's own name counts: an lr kept on a batch-named object is no batch
+        ("batch_config.lr = args.lr / hvd.size()\n", None),
     ],
 )
 def test_batch_divided_among_workers(source: str, line: Optional[int]) -> None:
@@ -102,3 +110,42 @@ def test_mentions_names(op: str, expected: bool) -> None:
     value = target(model).arg(0)
     assert value is not None
     assert launch.mentions_names(model, value, frozenset({"horovod.torch.Adasum"})) is expected
+
+
+def test_env_reads_in_each_spelling_but_not_the_writes() -> None:
+    model = build(
+        """\
+        import os
+        os.environ["MASTER_PORT"] = "29500"
+        a = os.environ["RANK"]
+        b = os.environ.get("LOCAL_RANK")
+        c = os.getenv("WORLD_SIZE")
+        if "SLURM_PROCID" in os.environ or "OMPI_COMM_WORLD_RANK" not in os.environ:
+            pass
+        os.environ["MASTER_ADDR"] = "localhost"
+        d = os.environ["NODE_RANK"]
+        """
+    )
+    assert sorted(key for key, _ in launch.env_reads(model)) == [
+        "LOCAL_RANK", "NODE_RANK", "OMPI_COMM_WORLD_RANK", "RANK", "SLURM_PROCID", "WORLD_SIZE",
+    ]
+
+
+@pytest.mark.parametrize(
+    ("source", "key"),
+    [
+        ('import os\nenv = dict(os.environ)\ntarget(env["RANK"])\n', "RANK"),
+        ('import os\nenv = os.environ.copy()\ntarget(env["LOCAL_RANK"])\n', "LOCAL_RANK"),
+        ('import os\nenv = {k: os.environ[k] for k in ("RANK",)}\ntarget(env["RANK"])\n', "RANK"),
+        # a dict of the script's own, not a copy of the environment
+        ('env = dict(defaults)\ntarget(env["RANK"])\n', None),
+        ('env = dict(RANK="0")\ntarget(env["RANK"])\n', None),
+        ('env = load_env()\ntarget(env["RANK"])\n', None),
+    ],
+)
+def test_env_copy_key(source: str, key: Optional[str]) -> None:
+    model = build(source)
+    call = target(model)
+    value = call.arg(0)
+    assert value is not None
+    assert launch.env_copy_key(model, value, call.order, call.function) == key

@@ -435,3 +435,142 @@ def test_unwrapped_at_construction() -> None:
         ("a", "torch.nn.parallel.DistributedDataParallel"),
         ("self.e", "torch.nn.parallel.DistributedDataParallel"),
     ]
+def test_loader_samplers_given_by_position() -> None:
+    # DataLoader(dataset, batch_size, shuffle, sampler, batch_sampler, ...)
+    model = model_of(
+        """
+        from torch.utils.data import BatchSampler, DataLoader, DistributedSampler
+        plain = DistributedSampler(a)
+        DataLoader(a, 8, False, plain)
+        batched = DistributedSampler(b)
+        DataLoader(b, 1, False, None, BatchSampler(batched, 8, False))
+        """
+    )
+    direct, inside = model.calls_named("torch.utils.data.DataLoader")
+    plain, batched = model.calls_named("torch.utils.data.DistributedSampler")
+    assert model.loader_samplers(direct) == [plain]
+    assert model.loader_samplers(inside) == [batched]
+
+
+def test_origin_calls_of_either_side_of_or_inside_a_function() -> None:
+    model = model_of(
+        """
+        from torch.utils.data import DistributedSampler, RandomSampler
+        def main(data):
+            given = DistributedSampler(data)
+            sampler = given or RandomSampler(data)
+            target(sampler)
+        main(d)
+        """
+    )
+    (call,) = [c for c in model.calls if c.dotted == "target"]
+    origins = model.origin_calls(call.arg(0), call.order, call.function)
+    assert [c.name for c in origins] == [
+        "torch.utils.data.DistributedSampler", "torch.utils.data.RandomSampler",
+    ]
+
+
+def test_argparse_defaults_including_argparse_own() -> None:
+    model = model_of(
+        """
+        import argparse
+        parser = argparse.ArgumentParser()
+        parser.add_argument("--batch-size", type=int, default=64)
+        parser.add_argument("--amp", action="store_true")
+        parser.add_argument("--no-shuffle", dest="shuffle", action="store_false")
+        parser.add_argument("--local_rank", type=int)
+        parser.add_argument("epochs", type=int)
+        args = parser.parse_args()
+        """
+    )
+    defaults = {
+        name: model.code_of(model.argparse_default(f"args.{name}"))
+        for name in ("batch_size", "amp", "shuffle", "local_rank")
+    }
+    assert defaults == {"batch_size": "64", "amp": "False", "shuffle": "True", "local_rank": "None"}
+    # a positional argument has argparse's own default too; a name nobody declared has none
+    assert model.code_of(model.argparse_default("args.epochs")) == "None"
+    assert model.argparse_default("args.lr") is None
+    assert model.const_value(model.argparse_default("args.local_rank"), 0, None) is None
+
+
+def test_a_method_call_on_another_object_is_no_call_site_of_a_module_function() -> None:
+    model = model_of(
+        """
+        def step(state):
+            return state
+        class Loop:
+            def step(self):
+                return 1
+            def run(self):
+                self.step()
+        optimizer.step()
+        step(s)
+        Loop.step(loop)
+        """
+    )
+    helper = next(f for f in model.functions_named("step") if f.klass is None)
+    method = next(f for f in model.functions_named("step") if f.klass is not None)
+    assert [model.code_of(c.node) for c in model.call_sites(helper)] == ["step(s)"]
+    assert sorted(model.code_of(c.node) for c in model.call_sites(method)) == ["Loop.step(loop)", "self.step()"]
+
+
+def test_star_keywords_unknown_after_an_augmented_item_assignment() -> None:
+    model = model_of(
+        """
+        from torch.utils.data import DataLoader
+        kw = dict(batch_size=8)
+        kw["batch_size"] *= 2
+        DataLoader(ds, **kw)
+        """
+    )
+    loader = model.calls_named("torch.utils.data.DataLoader")[0]
+    assert loader.has_star_args() and loader.arg(keyword="batch_size") is None
+
+
+def test_an_attribute_of_self_reaches_from_its_own_class_only() -> None:
+    model = model_of(
+        """
+        class Student:
+            def __init__(self):
+                self.device = torch.device("cuda", local_rank)
+            def run(self):
+                target(self.device)
+        class Teacher:
+            def __init__(self):
+                self.device = "cpu"
+        """
+    )
+    (call,) = [c for c in model.calls if c.dotted == "target"]
+    values = model.reaching_values(call.arg(0), call.order, call.function)
+    assert [model.code_of(v) for v in values] == ['torch.device("cuda", local_rank)']
+
+
+def test_calls_in_assignment_targets_and_in_the_else_of_a_try_are_seen() -> None:
+    model = model_of(
+        """
+        registry().current, rest = pair
+        try:
+            import horovod.torch as hvd
+        except ImportError:
+            hvd = None
+        else:
+            hvd.init()
+        """
+    )
+    assert [c.dotted for c in model.calls] == ["registry", "hvd.init"]
+
+
+def test_routes_through_both_sides_of_a_conditional_inside_a_function() -> None:
+    model = model_of(
+        """
+        import torch.distributed as dist
+        def main(ok):
+            r = dist.get_rank()
+            target(r if ok else 0)
+        main(True)
+        """
+    )
+    (call,) = [c for c in model.calls if c.dotted == "target"]
+    routes = model.routes(call.arg(0), call.order, call.function)
+    assert [model.code_of(r.value) for r in routes] == ["dist.get_rank()", "0"]

@@ -4,11 +4,12 @@ asked directly rather than through a rule. The statement asked about is the call
 from __future__ import annotations
 
 import textwrap
+from typing import Optional
 
 import libcst as cst
 import pytest
 
-from ddpdoctor.lint.analysis import Runs, build_analysis, route_runs, who_runs
+from ddpdoctor.lint.analysis import Runs, build_analysis, ranks, route_runs, who_runs
 from ddpdoctor.lint.analysis.ranks import group_created_under_guard
 
 PRELUDE = """\
@@ -40,6 +41,9 @@ def runs(source: str) -> Runs:
         # the branch of an unrelated test decides nothing
         ("if torch.cuda.is_available():\n    target()\n", Runs.ALL),
         ("for epoch in range(3):\n    if epoch == 0:\n        target()\n", Runs.ALL),
+        # a rank held in a local variable whose name says nothing, tested with another condition
+        ("def main(verbose):\n    me = dist.get_rank()\n    if me == 0 and verbose:\n        target()\nmain(True)\n",
+         Runs.RANK0),
     ],
 )
 def test_branches(source: str, expected: Runs) -> None:
@@ -48,7 +52,7 @@ def test_branches(source: str, expected: Runs) -> None:
 
 @pytest.mark.parametrize(
     "exit_statement",
-    ["return", "raise SystemExit(0)", "sys.exit(0)"],
+    ["return", "raise SystemExit(0)", "sys.exit(0)", "exit(0)", "quit()", "os._exit(0)"],
 )
 def test_early_exit_guards_the_rest_of_the_block(exit_statement: str) -> None:
     source = f"""
@@ -122,6 +126,18 @@ def test_helper_only_called_under_a_guard() -> None:
         if dist.get_rank() == 0:
             save()
     main()
+    """
+    assert runs(source) is Runs.RANK0
+
+
+def test_helper_called_on_rank_0_or_in_a_single_process_run_is_rank_0_work() -> None:
+    source = """
+    def save():
+        target()
+    if not dist.is_initialized():
+        save()
+    elif dist.get_rank() == 0:
+        save()
     """
     assert runs(source) is Runs.RANK0
 
@@ -460,3 +476,31 @@ def get_rank():
 def test_a_helper_answering_am_i_the_main_process(helper: str, expected: Runs) -> None:
     call = "primary(0)" if "(rank)" in helper else "primary()"
     assert runs(HELPERS + helper + f"if {call}:\n    target()\n") is expected
+def kinds_of_argument(source: str) -> tuple[Optional[str], Optional[str]]:
+    """(rank_kind, rank_source) of the argument of `target(...)`."""
+    model = build_analysis(cst.parse_module(PRELUDE + textwrap.dedent(source)))
+    (call,) = [c for c in model.calls if c.dotted == "target"]
+    value = call.arg(0)
+    return (
+        ranks.rank_kind(model, value, call.order, call.function),
+        ranks.rank_source(model, value, call.order, call.function),
+    )
+
+
+@pytest.mark.parametrize(
+    ("source", "kind", "source_kind"),
+    [
+        ('gpu = int(os.environ["LOCAL_RANK"])\ntarget(gpu)\n', "local", "local"),
+        ("target(dist.get_rank())\n", "global", "global"),
+        # what a variable is called counts for rank_kind, never for rank_source
+        ("target(args.localrank)\n", "local", None),
+        ("target(args.local_rank)\n", "local", None),
+        ("target(args.rank)\n", "global", None),
+        ("gpu = cfg.local_rank\ntarget(gpu)\n", "local", None),
+        ("target(args.node_rank)\n", None, None),
+        # a rank helper's name (`get_local_rank()`) is trusted by both, unlike a variable's
+        ("target(get_local_rank())\n", "local", "local"),
+    ],
+)
+def test_rank_kind_and_rank_source(source: str, kind: Optional[str], source_kind: Optional[str]) -> None:
+    assert kinds_of_argument(source) == (kind, source_kind)

@@ -27,3 +27,22 @@ def test_drawn_params_name_each_parameter_with_its_loops_backward() -> None:
     (train,) = model.functions
     drawn = summaries.drawn_params(model, train)
     assert {name: model.line_of(call.node) for name, call in drawn.items()} == {"loader": 4, "extra": 6}
+
+
+def test_mentions_rank_anywhere_in_a_path_through_variables() -> None:
+    model = build_analysis(
+        cst.parse_module(
+            textwrap.dedent(
+                """\
+                import torch.distributed as dist
+                me = dist.get_rank()
+                prefix = "out"
+                target(f"ckpt_{me}_{prefix}.pt")
+                target(f"{prefix}/ckpt_{me}.pt")
+                target(f"{prefix}/ckpt.pt")
+                """
+            )
+        )
+    )
+    calls = [c for c in model.calls if c.dotted == "target"]
+    assert [summaries.mentions_rank(model, c.arg(0), c.order, c.function) for c in calls] == [True, True, False]

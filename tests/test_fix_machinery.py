@@ -66,6 +66,15 @@ def test_atomic_write_keeps_permissions_and_leaves_no_temp_file(tmp_path: Path) 
     assert sorted(p.name for p in tmp_path.iterdir()) == ["train.py"]
 
 
+def test_atomic_write_that_cannot_replace_leaves_the_target_and_no_temp_file(tmp_path: Path) -> None:
+    target = tmp_path / "cache"
+    target.mkdir()  # a folder where the file should go: the rename fails
+    with pytest.raises(OSError):
+        atomic_write(str(target), b"new\n")
+    assert target.is_dir()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["cache"]
+
+
 def test_unified_diff_names_both_sides() -> None:
     text = unified_diff("t.py", "a\n", "b\n")
     assert text.startswith("--- a/t.py\n+++ b/t.py\n")

@@ -10,6 +10,21 @@ from ddpdoctor.config import Settings
 from ddpdoctor.lint.engine import lint_source
 
 CASES = {
+    "DDP008 the save shares its line with another statement": (
+        "DDP008",
+        """
+import torch
+import torch.distributed as dist
+
+def main():
+    dist.init_process_group("nccl")
+    if dist.get_rank() == 0:
+        print("go")
+    torch.save({"w": 1}, "ckpt.pt"); print("saved")
+
+main()
+""",
+    ),
     "HVD001 horovod imported inside the function": (
         "HVD001",
         """
@@ -177,6 +192,23 @@ def main():
     shutil.copyfile("ckpt.pt", "best.pt")
 
 main()
+""",
+    ),
+    "DDP008 every rank copies the file saved by keyword": (
+        "DDP008",
+        """
+import shutil
+import torch
+import torch.distributed as dist
+
+def main(path):
+    dist.init_process_group("nccl")
+    if dist.get_rank() == 0:
+        print("go")
+    torch.save({"w": 1}, f=path)
+    shutil.copyfile(path, "best.pt")
+
+main("ckpt.pt")
 """,
     ),
     "DDP008 FSDP (state_dict is collective)": (

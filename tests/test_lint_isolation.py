@@ -23,7 +23,7 @@ from process_scan import alive, children
 from ddpdoctor.cli import main
 from ddpdoctor.config import Settings
 from ddpdoctor.lint.engine import lint_paths, lint_source
-from ddpdoctor.lint.isolation import AnalysisFailed, contain
+from ddpdoctor.lint.isolation import AnalysisFailed, Limits, contain
 from ddpdoctor.lint.workers import run_tasks
 
 # Enough for two rules to fire (AMP001 at line 6, DDP011 at line 5, for the barrier of line 7): a
@@ -93,6 +93,13 @@ def test_a_file_over_the_size_limit_is_skipped_with_ddp999(tmp_path: Path) -> No
     assert result.exit_code == 1, result.output
     assert "big.py:1:1: DDP999 larger than 0.01 MB: skipped (see max-file-size)" in result.output
     assert "small.py:6:10: AMP001" in result.output
+
+
+@pytest.mark.parametrize("megabytes, shown", [(0.25, "0.25"), (2, "2"), (2.5, "2.5"), (128, "128")])
+def test_the_size_limit_is_shown_as_configured(megabytes: float, shown: str) -> None:
+    limits = Limits(max_bytes=int(megabytes * 1024 * 1024))
+    assert limits.too_large(limits.max_bytes) is None
+    assert limits.too_large(limits.max_bytes + 1) == f"larger than {shown} MB: skipped (see max-file-size)"
 
 
 def test_a_50_mb_file_is_skipped_without_being_read(tmp_path: Path) -> None:

@@ -177,3 +177,133 @@ def test_clip_after_the_scaler_step_names_the_step() -> None:
         "torch.nn.utils.clip_grad_norm_() runs after `scalers[0].step(optimizer)` at line 6: the optimizer already "
         "stepped with unclipped gradients"
     )
+
+
+@pytest.mark.parametrize(
+    "setup, evidence",
+    [
+        ("import horovod.torch as hvd\nhvd.init()\n", "hvd.init() at line 3"),
+        ("import torch.multiprocessing as mp\nmp.spawn(worker, nprocs=2)\n", "mp.spawn at line 3"),
+    ],
+)
+def test_unsharded_loader_message_names_what_makes_the_script_distributed(setup: str, evidence: str) -> None:
+    source = "def worker(i):\n    loader = DataLoader(dataset, batch_size=32, shuffle=True)\n    return loader\n"
+    (message,) = messages("from torch.utils.data import DataLoader\n" + setup + source, "DDP006")
+    assert f"in a distributed script ({evidence}):" in message
+
+
+def test_world_size_message_names_the_node_count_assignment() -> None:
+    (message,) = messages(
+        """
+        import torch
+        import torch.distributed as dist
+        import torch.multiprocessing as mp
+        def train(gpu, cfg):
+            world_size = torch.cuda.device_count()
+            dist.init_process_group("nccl", world_size=world_size, rank=cfg.nnodes * gpu)
+        def main(cfg):
+            cfg.nnodes = 2
+            mp.spawn(train, nprocs=torch.cuda.device_count(), args=(cfg,))
+        """,
+        "DDP005",
+    )
+    assert "launched in a way that can span nodes (cfg.nnodes at line 9)" in message
+
+
+def test_collective_under_rank_guard_message_says_where_to_call_it() -> None:
+    (message,) = messages(
+        """
+        import torch
+        import torch.distributed as dist
+        dist.init_process_group("nccl")
+        t = torch.zeros(1)
+        if dist.get_rank() == 0:
+            dist.all_reduce(t)
+        """,
+        "DDP009",
+    )
+    assert message.startswith("dist.all_reduce() is a collective that every rank must call")
+    assert message.endswith("(guarded at line 6): the other ranks never enter it and the job hangs until the "
+                            "timeout. Call it outside the rank-specific branch.")
+
+
+def test_dataparallel_message_says_what_to_use_instead() -> None:
+    (message,) = messages("import torch\nmodel = torch.nn.DataParallel(net)\n", "DP002")
+    assert message.endswith("Use DistributedDataParallel with one process per GPU (torchrun).")
+
+
+def test_unpinned_nccl_message_shows_three_uses_and_counts_the_rest() -> None:
+    (message,) = messages(
+        """
+        import torch
+        import torch.distributed as dist
+        dist.init_process_group("nccl")
+        a = net.cuda()
+        b = net.cuda()
+        dist.barrier()
+        torch.cuda.synchronize()
+        c = net.cuda()
+        """,
+        "DDP011",
+    )
+    assert (
+        "(line 5: bare .cuda(); line 6: bare .cuda(); line 7: dist.barrier() without device_ids; and 2 more)"
+        in message
+    )
+    assert message.endswith(
+        "can hang NCCL. Call torch.cuda.set_device(local_rank) before init_process_group, or pass "
+        'device_id=torch.device("cuda", local_rank).'
+    )
+
+
+def test_clip_through_an_alias_names_both_spellings() -> None:
+    (message,) = messages(
+        """
+        import torch
+        from torch.nn.utils import clip_grad_norm_ as clip
+        scaler = torch.amp.GradScaler("cuda")
+        for x in loader:
+            scaler.scale(model(x).sum()).backward()
+            clip(model.parameters(), 1.0)
+            scaler.step(optimizer)
+            scaler.update()
+        """,
+        "AMP002",
+    )
+    assert message.startswith("clip() (torch.nn.utils.clip_grad_norm_) clips gradients that are still multiplied")
+
+
+@pytest.mark.parametrize(
+    "use, what",
+    [("torch.cuda.set_device(rank)", "torch.cuda.set_device()"), ('net.to(f"cuda:{rank}")', ".to()")],
+)
+def test_global_rank_device_message_names_where_the_rank_is_read(use: str, what: str) -> None:
+    (message,) = messages(
+        f"""
+        import torch
+        import torch.distributed as dist
+        dist.init_process_group("nccl")
+        rank = dist.get_rank()
+        {use}
+        """,
+        "DDP004",
+    )
+    assert message.startswith(f"{what} uses the global rank `dist.get_rank()` (line 5) as a CUDA device index")
+
+
+def test_hard_coded_output_device_given_by_position() -> None:
+    # DistributedDataParallel(module, device_ids, output_device, ...)
+    (message,) = messages(
+        """
+        import os
+        import torch
+        import torch.distributed as dist
+        from torch.nn.parallel import DistributedDataParallel as DDP
+        dist.init_process_group("nccl")
+        local_rank = int(os.environ["LOCAL_RANK"])
+        torch.cuda.set_device(local_rank)
+        model = DDP(net.cuda(), [local_rank], 0)
+        """,
+        "DDP003",
+    )
+    assert message.startswith("output_device is given the hard-coded device 0 in a multi-process script")
