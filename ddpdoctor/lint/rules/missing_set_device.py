@@ -38,7 +38,7 @@ class MissingSetDevice(Rule):
             call for call in model.calls_named(launch.INIT_PROCESS_GROUP)
             if launch.may_create_nccl_group(model, call) and launch.runs_in_module(model, call.function) and not harness.in_test_case(call)
         ]
-        if devices.device_pin_calls(model) or devices.visible_devices_writes(model) or devices.pinned_on_import(model):
+        if devices.device_pin_calls(model) or devices.visible_devices_writes(model):
             return
         # Issue 10: a script that names cuda:LOCAL_RANK everywhere never falls back to GPU 0; only
         # what relies on the current device (bare .cuda(), barrier(), object collectives) does.
@@ -50,6 +50,9 @@ class MissingSetDevice(Rule):
             return  # a group created by a project helper matters in a script that then wraps in DDP
         helpers, pinned_by_helper = self.project_helpers()
         if (not inits and not helpers) or pinned_by_helper:
+            return
+        # Last, because it reads every project module this one imports: a pin run on import.
+        if devices.pinned_on_import(model):
             return
         # One missing pin, one finding: a script that creates its group in two places (a tutorial
         # with two snippets, a retry) is reported at the first, where the fix goes.
