@@ -504,3 +504,22 @@ def kinds_of_argument(source: str) -> tuple[Optional[str], Optional[str]]:
 )
 def test_rank_kind_and_rank_source(source: str, kind: Optional[str], source_kind: Optional[str]) -> None:
     assert kinds_of_argument(source) == (kind, source_kind)
+
+
+@pytest.mark.parametrize(
+    ("source", "expected"),
+    [
+        # A helper called on both sides of one test reaches every rank (field evaluation 2026-11g) ...
+        ("def helper():\n    target()\n\ndef share(src):\n    if dist.get_rank() == src:\n        helper()\n"
+         "    else:\n        helper()\n\nshare(1)\n", Runs.ALL),
+        ("def helper():\n    target()\n\ndef share(src):\n    if dist.get_rank() == src:\n        helper()\n"
+         "        return\n    helper()\n\nshare(1)\n", Runs.ALL),
+        # ... but not when it is called on one side only, or on sides of two different tests.
+        ("def helper():\n    target()\n\ndef share(src):\n    if dist.get_rank() == src:\n        helper()\n\nshare(1)\n",
+         Runs.SUBSET),
+        ("def helper():\n    target()\n\ndef share(src, dst):\n    if dist.get_rank() == src:\n        helper()\n"
+         "    if dist.get_rank() != dst:\n        helper()\n\nshare(1, 2)\n", Runs.SUBSET),
+    ],
+)
+def test_a_helper_called_on_both_sides_of_one_test_runs_everywhere(source: str, expected: Runs) -> None:
+    assert runs(source) is expected

@@ -702,6 +702,11 @@ def _who_runs(model: ModuleModel, item: _Located) -> WhoRuns:
                 answers.append((site, answer))
     if not answers:
         return WhoRuns(Runs.UNKNOWN)
+    # Called on both sides of the same test (`if get_rank() == src: send(...) else: receive(...)`,
+    # both calling one `broadcast()` wrapper): every rank gets here, whichever side it takes.
+    sides = {(id(answer.guard.test), answer.guard.negated) for _, answer in answers if answer.guard is not None}
+    if any((test, not negated) in sides for test, negated in sides):
+        return WhoRuns(Runs.ALL)
     kinds = {answer.runs for _, answer in answers}
     for runs in (Runs.ALL, Runs.UNKNOWN):
         if runs in kinds:
