@@ -347,13 +347,13 @@ def _switch_position(left: cst.BaseExpression, right: cst.BaseExpression) -> Opt
     flag = _flag_name(left)
     if flag is None or not (_is_distributed_switch(flag) or flag == "launcher"):
         return None
-    literal: object = None
+    literal: Optional[str] = None
     if isinstance(right, cst.SimpleString):
         literal = str(right.evaluated_value).strip().lower()
     elif isinstance(right, cst.Name) and right.value in ("True", "False", "None"):
-        literal = {"True": "true", "False": "false", "None": "none"}[right.value]
-    elif literal_int(right) in (0, 1):
-        literal = str(literal_int(right))
+        literal = right.value.lower()
+    elif (number := literal_int(right)) is not None:
+        literal = str(number)
     if literal in _SWITCH_OFF:
         return "off"
     if literal in _SWITCH_ON and flag != "launcher":  # `launcher == "pytorch"`: its else may be SLURM
