@@ -12,11 +12,16 @@ import sys
 import threading
 import time
 from dataclasses import replace
+from datetime import timedelta
 from typing import Any, Optional
 
 from ddpdoctor.guard.options import ENV, GuardOptions
 
 _host: Optional[Any] = None
+# Where rank 0 publishes the side channel's port in the job's store, and how long the others wait
+# for it: rank 0 publishes right after its own init_process_group returns.
+PORT_KEY = "ddpdoctor/guard/side-channel-port"
+PORT_WAIT_S = 60.0
 
 
 def install(stall_timeout: Optional[float] = None, every: Optional[int] = None, store: Optional[str] = None,
@@ -48,16 +53,63 @@ def install(stall_timeout: Optional[float] = None, every: Optional[int] = None, 
         rank.start(options)
 
 
-def host_doctor(options: GuardOptions) -> None:
-    """In rank 0: the side channel, the doctor, and a thread that ticks it."""
+def meet_rank0(options: GuardOptions, rank: int) -> Optional[GuardOptions]:
+    """In-code use, right after init_process_group: rank 0 opens the side channel and publishes its
+    port in the job's own store; every other rank reads it there. None: this rank runs unguarded.
+
+    The configured port (MASTER_PORT + 1, or `store=`) is only rank 0's first choice. Anything may
+    hold it, an ephemeral port of one of the job's own connections included, and then the others
+    could only be refused and the job would run unguarded into the hang it was meant to diagnose;
+    with the port in the store, rank 0 takes any free one instead.
+    """
+    store = _job_store()
+    if rank == 0:
+        try:
+            port = host_doctor(options, any_port=store is not None)
+        except OSError as error:
+            sys.stderr.write(f"ddpdoctor guard: rank 0 cannot open the guard's side channel on "
+                             f"{options.host}:{options.port} ({error}); running unguarded\n")
+            port = 0
+        if store is not None:
+            store.set(PORT_KEY, str(port))  # 0 tells the others to run unguarded without waiting
+        return replace(options, port=port) if port else None
+    if store is None:
+        return options  # a torch without the store API: the configured port, as rank 0 tried first
+    try:
+        store.wait([PORT_KEY], timedelta(seconds=PORT_WAIT_S))
+        port = int(store.get(PORT_KEY))
+    except Exception as error:  # noqa: BLE001 - never break the user's job
+        sys.stderr.write(f"ddpdoctor guard: rank {rank} did not hear from the guard on rank 0 ({error}); "
+                         f"running unguarded\n")
+        return None
+    return replace(options, port=port) if port else None
+
+
+def _job_store() -> Optional[Any]:
+    try:
+        from torch.distributed.distributed_c10d import _get_default_store
+
+        return _get_default_store()
+    except Exception:  # noqa: BLE001 - an older or newer torch without it: the configured port
+        return None
+
+
+def host_doctor(options: GuardOptions, any_port: bool = False) -> int:
+    """In rank 0: the side channel, the doctor, and a thread that ticks it. Returns the port it
+    listens on; `any_port`: when the configured port is taken, listen on a free one."""
     global _host
     if _host is not None:
-        return
+        return int(_host[0].address[1])
     from ddpdoctor.guard.doctor import Doctor
     from ddpdoctor.guard.report import Printer
     from ddpdoctor.guard.server import SideChannel
 
-    channel = SideChannel(options.host, options.port)
+    try:
+        channel = SideChannel(options.host, options.port)
+    except OSError:
+        if not any_port:
+            raise
+        channel = SideChannel(options.host, 0)
     doctor = Doctor(options, channel.send, Printer())
     channel.start(doctor)
     _host = (channel, doctor)
@@ -73,3 +125,4 @@ def host_doctor(options: GuardOptions) -> None:
                 channel.broadcast({"t": "stop", "why": doctor.stop_requested})
 
     threading.Thread(target=tick, name="ddpdoctor-guard-doctor", daemon=True).start()
+    return int(channel.address[1])

@@ -284,13 +284,17 @@ def start(options: GuardOptions) -> Optional[RankGuard]:
         if not dist.is_initialized():
             return None
         frames.skip_torch_frames()
-        local_rank = _int_env("LOCAL_RANK")
-        guard = RankGuard(options, dist.get_rank(), dist.get_world_size(),
-                          local_rank if local_rank is not None else None, _int_env("LOCAL_WORLD_SIZE"))
-        if options.rank0_hosts and guard.rank == 0:
-            from ddpdoctor.guard.inprocess import host_doctor
+        job_rank = dist.get_rank()
+        if options.rank0_hosts:
+            from ddpdoctor.guard.inprocess import meet_rank0
 
-            host_doctor(options)
+            met = meet_rank0(options, job_rank)
+            if met is None:
+                return None
+            options = met
+        local_rank = _int_env("LOCAL_RANK")
+        guard = RankGuard(options, job_rank, dist.get_world_size(),
+                          local_rank if local_rank is not None else None, _int_env("LOCAL_WORLD_SIZE"))
         try:
             guard.connect()
         except OSError as error:

@@ -160,12 +160,11 @@ def test_clean_horovod_job_is_silent() -> None:
     assert run.report["findings"] == []
 
 
-def test_guard_installed_in_code_without_the_command() -> None:
+def run_installed_in_code(*script_args: str) -> subprocess.CompletedProcess[str]:
     mark = uuid.uuid4().hex
-    env = guard_env(mark)
     started = time.monotonic()
-    result = subprocess.run(forklaunch(3, "installed_in_code.py"), cwd=REPO, env=env, capture_output=True, text=True,
-                            timeout=150)
+    result = subprocess.run([*forklaunch(3, "installed_in_code.py"), *script_args], cwd=REPO, env=guard_env(mark),
+                            capture_output=True, text=True, timeout=150)
     assert_no_leftovers(mark)
     line = planted("installed_in_code.py", "GRD001")
     # Rank 0 printed the findings on its stderr, then every rank was stopped through the side channel.
@@ -173,3 +172,19 @@ def test_guard_installed_in_code_without_the_command() -> None:
             in result.stderr), result.stderr[-3000:]
     assert ": GRD002 [ranks 0,1,2]" in result.stderr and "the job was stopped" in result.stderr
     assert result.returncode != 0 and time.monotonic() - started < 120
+    return result
+
+
+def test_guard_installed_in_code_without_the_command() -> None:
+    run_installed_in_code()
+
+
+def test_guard_installed_in_code_when_its_port_is_taken() -> None:
+    # Something holds the configured port without listening on it (as one of the job's own connections
+    # may hold MASTER_PORT + 1): rank 0 listens elsewhere and the others find it through the job's
+    # store, where they used to be refused and run unguarded into the planted hang.
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        port = holder.getsockname()[1]
+        result = run_installed_in_code(f"127.0.0.1:{port}")
+    assert "cannot reach the guard" not in result.stderr
