@@ -8,7 +8,8 @@ Importing this package does not import torch. In-code use, for those who prefer 
 
 Under `ddpdoctor guard` this is what the injected bootstrap already does; without it, rank 0
 hosts the side channel and the doctor in background threads (on MASTER_ADDR, port
-MASTER_PORT + 1 unless `store="HOST:PORT"` is given) and prints findings on its stderr.
+MASTER_PORT + 1 unless `store="HOST:PORT"` is given, or any free port when that one is taken: the
+other ranks read the port from the job's own store) and prints findings on its stderr.
 """
 
 from __future__ import annotations
