@@ -9,6 +9,7 @@
     ranks      who runs this: all ranks / rank 0 / the others / a subset / single-process only
     devices    which GPU a value names; what pins a process's device
     summaries  what a function does for its callers, linked across the project's modules
+    sharding   data split across ranks: datasets that take their own rank's share, loop items
 
 Nothing below imports anything above (tests/test_analysis_layering.py enforces it). Rules import
 only from this package.
@@ -20,7 +21,7 @@ from typing import Optional
 
 import libcst as cst
 
-from ddpdoctor.lint.analysis import devices, harness, launch, ranks, summaries, syntax
+from ddpdoctor.lint.analysis import devices, harness, launch, ranks, sharding, summaries, syntax
 from ddpdoctor.lint.analysis.imports import ProjectSources
 from ddpdoctor.lint.analysis.model import (
     MAX_DEPTH,
@@ -41,7 +42,7 @@ __all__ = [
     "MAX_DEPTH", "UNKNOWN", "Assignment", "Call", "Context", "Expr", "Function", "Guard", "Loop",
     "ModuleModel", "ProjectSources", "Route", "Runs", "SubscriptStore", "WhoRuns", "build_analysis",
     "contains", "decided_by_guards", "devices", "dotted_name", "harness", "launch", "names_in", "ranks",
-    "route_runs", "summaries", "syntax", "walk", "who_runs",
+    "route_runs", "sharding", "summaries", "syntax", "walk", "who_runs",
 ]
 
 

@@ -58,6 +58,8 @@ PASS_THROUGH_METHODS = frozenset(
 
 # How deep value-following goes before it gives up (and the rule stays silent).
 MAX_DEPTH = 6
+# How many modules deep a name is followed through re-exports (`from .dataset import *`).
+MAX_LINK_DEPTH = 3
 # How many distinct value-following questions one module may ask before every further one
 # answers "unknown": a hard ceiling on analysis time for pathological files.
 STEP_BUDGET = 200_000
@@ -297,6 +299,8 @@ class _Builder:
         elif isinstance(statement, cst.FunctionDef):
             self.function_def(statement)
         elif isinstance(statement, cst.ClassDef):
+            if self.function is None and self.klass is None:
+                self.model.classes.setdefault(statement.name.value, statement)
             for decorator in statement.decorators:
                 self.expr(decorator.decorator)
             for arg in statement.bases:
@@ -545,6 +549,8 @@ class ModuleModel:
         self.assignments: list[Assignment] = []
         self.subscript_stores: list[SubscriptStore] = []
         self.functions: list[Function] = []
+        # The module's top-level classes by name (the first definition of each).
+        self.classes: dict[str, cst.ClassDef] = {}
         self.loops: list[Loop] = []
         self._assignments_by_target: dict[str, list[Assignment]] = {}
         self._call_by_node: dict[int, Call] = {}
@@ -1269,6 +1275,31 @@ class ModuleModel:
                     return self.iterated_exprs(first.value)
         return [expr]
 
+    def loop_items(self, loop: Loop) -> list[tuple[str, Expr]]:
+        """The names a for-loop binds to the items it draws, each with the expression whose items
+        they are: `for i, (x, y) in enumerate(loader)` -> [("x", loader), ("y", loader)] (the
+        counter `i` is no item: it is the same on every process); `for a, b in zip(p, q)` -> a from
+        p, b from q; `for batch in tqdm(loader)` -> batch from loader."""
+        if not isinstance(loop.node, cst.For):
+            return []
+        return [(name, source) for name, source in self._items(loop.node.target, loop.node.iter)]
+
+    def _items(self, target: cst.BaseExpression, iterable: Expr) -> list[tuple[str, Expr]]:
+        if isinstance(iterable, cst.Call) and iterable.args:
+            last = (self.qualify(iterable.func) or dotted_name(iterable.func) or "").rsplit(".", 1)[-1]
+            args = [a for a in iterable.args if a.keyword is None and not a.star]
+            elements = [e.value for e in target.elements] if isinstance(target, (cst.Tuple, cst.List)) else None
+            if last == "enumerate" and args:
+                # The pair (counter, item): only its second half is an item.
+                return self._items(elements[1], args[0].value) if elements is not None and len(elements) == 2 else []
+            if last == "zip":
+                if elements is None or len(elements) != len(args) or len(args) != len(iterable.args):
+                    return []
+                return [item for element, arg in zip(elements, args) for item in self._items(element, arg.value)]
+            if last in ITERATION_WRAPPERS and args and iterable.args[0] is args[0]:
+                return self._items(target, args[0].value)
+        return [(name, iterable) for name in _bound_names(target)]
+
     def loop_sources(self, loop: Loop) -> list[Call]:
         """The calls that may have produced what a loop draws from (see `loop_draws`)."""
         return [source for source, _ in self.loop_draws(loop)]
@@ -1290,6 +1321,17 @@ class ModuleModel:
             if call.dotted == "next" and call.name is None and call.loops and call.loops[-1] is loop and call.args:
                 for origin in self.origin_calls(call.args[0].value, call.order, call.function):
                     out.extend((source, origin.node) for source in self._unwrapped(origin))
+        return out
+
+    def drawn_from(self, expr: Expr, order: int, function: Optional[Function]) -> list[Call]:
+        """The calls that a loop over `expr`, or `next(expr)`, may draw from: where its value comes
+        from and, through `iter(...)`/`tqdm(...)`/`enumerate(...)`, what those wrap
+        (`batches = iter(loader)` -> the iter call and the `DataLoader(...)`)."""
+        out: list[Call] = []
+        for iterated in self.iterated_exprs(expr):
+            for origin in self.origin_calls(iterated, order, function):
+                out.append(origin)
+                out.extend(self._unwrapped(origin))
         return out
 
     def _unwrapped(self, wrapper: Call, depth: int = 0) -> list[Call]:
@@ -1387,10 +1429,22 @@ class ModuleModel:
 
     def _linked_function(self, call: Call) -> Optional[tuple["ModuleModel", Function]]:
         written = dotted_name(call.node.func)
-        if written is None or self.project is None:
+        if written is None:
             return None
+        for other, name in self._imported_from(written):
+            for function in other.functions:
+                if function.name == name and function.parent is None and function.klass is None:
+                    return other, function
+        return None
+
+    def _imported_from(self, written: str) -> list[tuple["ModuleModel", str]]:
+        """The project modules a name written here (`helper`, `utils.helper`) is imported from,
+        each with the name it has there: `from .utils import helper`, `from pkg import utils` then
+        `utils.helper`, `import pkg.utils as u` then `u.helper`. Empty without a project."""
+        if self.project is None:
+            return []
         head, _, rest = written.partition(".")
-        candidates: list[tuple[Optional[str], int, str]] = []  # (module, level, function name)
+        candidates: list[tuple[Optional[str], int, str]] = []  # (module, level, name there)
         relative = self.relative_imports.get(head)
         if relative is not None:
             module, level, name = relative
@@ -1405,17 +1459,39 @@ class ModuleModel:
                 module, _, name = full.rpartition(".")
                 if module:
                     candidates.append((module, 0, name))
+        out: list[tuple["ModuleModel", str]] = []
         for module, level, name in candidates:
             path = self.project.resolve(Path(self.path), module, level)
-            if path is None:
-                continue
-            other = self.project_model(path)
-            if other is None:
-                continue
-            for function in other.functions:
-                if function.name == name and function.parent is None and function.klass is None:
-                    return other, function
+            other = self.project_model(path) if path is not None else None
+            if other is not None:
+                out.append((other, name))
+        return out
+
+    def project_class(self, written: str, depth: int = 0) -> Optional[tuple["ModuleModel", str]]:
+        """The project class a name written here means, with the model of the module that defines
+        it: a top-level class of this module, else one imported from a project module, following
+        re-exports (`from .dataset import *` in a package's `__init__.py`) a few modules deep."""
+        if "." not in written and written in self.classes:
+            return self, written
+        if depth >= MAX_LINK_DEPTH or self.project is None:
+            return None
+        for other, name in self._imported_from(written):
+            found = other.project_class(name, depth + 1)
+            if found is not None:
+                return found
+        if "." in written or written in self._assignments_by_target or written in self.imports:
+            return None
+        for module, level in self.star_imports:
+            path = self.project.resolve(Path(self.path), module, level)
+            star = self.project_model(path) if path is not None else None
+            found = star.project_class(written, depth + 1) if star is not None else None
+            if found is not None:
+                return found
         return None
+
+    def class_methods(self, klass: str) -> list[Function]:
+        """The methods a top-level class of this module defines in its own body."""
+        return [f for f in self.functions if f.klass == klass and f.parent is None]
 
     def project_model(self, path: Path) -> Optional["ModuleModel"]:
         """The model of another project module, built once per run."""
@@ -1521,6 +1597,16 @@ def _literal_keywords(value: Optional[Expr]) -> Optional[dict[str, Expr]]:
             out[arg.keyword.value] = arg.value
         return out
     return None
+
+
+def _bound_names(target: cst.BaseExpression) -> list[str]:
+    """The plain names an assignment target binds (`x`, `(x, (y, *rest))`); not attributes or
+    subscripts, which store into an existing object."""
+    if isinstance(target, cst.Name):
+        return [target.value]
+    if isinstance(target, (cst.Tuple, cst.List)):
+        return [name for element in target.elements for name in _bound_names(element.value)]
+    return []
 
 
 def _unpacked_width(node: cst.Assign) -> Optional[int]:

@@ -11,7 +11,7 @@ computed on demand and memoised with its module's model.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
+from typing import Callable, Optional
 
 import libcst as cst
 
@@ -42,27 +42,48 @@ def argument_for(call: Call, function: Function, param: str) -> Optional[Expr]:
     return call.arg(index if index >= 0 else None, param)
 
 
-def mentions_rank(
-    model: ModuleModel, expr: Optional[cst.CSTNode], order: int, function: Optional[Function], depth: int = 0
+# Whether one expression node (a call, a name, a subscript) is a value of the kind asked about.
+NodeTest = Callable[[ModuleModel, cst.BaseExpression, int, Optional[Function]], bool]
+
+
+def mentions(
+    model: ModuleModel,
+    expr: Optional[cst.CSTNode],
+    order: int,
+    function: Optional[Function],
+    test: NodeTest,
+    depth: int = 0,
 ) -> bool:
-    """True when an expression (a path) is built from a rank, following variables: per-rank files."""
+    """True when some part of an expression is a value `test` accepts, following variables, `self.`
+    attributes and helper parameters (each value in its own scope): `f"{out}/ckpt_{me}.pt"` with
+    `me = dist.get_rank()` mentions a rank."""
     if expr is None or depth > MAX_DEPTH:
         return False
     stack: list[cst.CSTNode] = [expr]
     while stack:
         node = stack.pop()
-        if isinstance(node, cst.Call) or (isinstance(node, (cst.Name, cst.Attribute)) and dotted_name(node) is not None):
-            assert isinstance(node, (cst.Call, cst.Name, cst.Attribute))
-            if rank_kind(model, node, order, function) is not None:
+        if isinstance(node, (cst.Call, cst.Subscript)) or (isinstance(node, (cst.Name, cst.Attribute)) and dotted_name(node) is not None):
+            assert isinstance(node, (cst.Call, cst.Subscript, cst.Name, cst.Attribute))
+            if test(model, node, order, function):
                 return True
-            if not isinstance(node, cst.Call):
-                # The path through variables and helper parameters, each value in its own scope.
+            if isinstance(node, (cst.Name, cst.Attribute)):
                 for value, v_order, v_function in model.leaf_values(node, order, function):
-                    if value is not node and mentions_rank(model, value, v_order, v_function, depth + 1):
+                    if value is not node and mentions(model, value, v_order, v_function, test, depth + 1):
                         return True
                 continue
         stack.extend(child for child in node.children if not isinstance(child, cst.BaseParenthesizableWhitespace))
     return False
+
+
+def _is_rank(model: ModuleModel, node: cst.BaseExpression, order: int, function: Optional[Function]) -> bool:
+    return rank_kind(model, node, order, function) is not None
+
+
+def mentions_rank(
+    model: ModuleModel, expr: Optional[cst.CSTNode], order: int, function: Optional[Function], depth: int = 0
+) -> bool:
+    """True when an expression (a path) is built from a rank, following variables: per-rank files."""
+    return mentions(model, expr, order, function, _is_rank, depth)
 
 
 def unguarded_save(model: ModuleModel, function: Function) -> Optional[tuple[Call, Optional[str]]]:

@@ -4,18 +4,13 @@ from __future__ import annotations
 
 from typing import Optional
 
-import libcst as cst
-
-from ddpdoctor.lint.analysis import Call, Runs, dotted_name, launch, names_in, who_runs
+from ddpdoctor.lint.analysis import Call, Runs, launch, sharding, who_runs
 from ddpdoctor.lint.rules.base import Rule
 
 DATA_LOADER = "torch.utils.data.DataLoader"
 SAMPLER = "torch.utils.data.DistributedSampler"
 # Loaders for evaluation: iterating the whole set on each rank wastes time but trains nothing wrong.
 EVAL_WORDS = ("val", "test", "eval", "dev")
-# Words in a dataset's construction that mean it is already split per rank (`shard(rank)`,
-# `Subset(ds, indices[rank::world_size])`, webdataset's `split_by_node`).
-SHARD_WORDS = ("rank", "world_size", "num_replicas", "shard", "split_by_node", "num_shards")
 
 
 class MissingDistributedSampler(Rule):
@@ -127,20 +122,9 @@ class MissingDistributedSampler(Rule):
         return False
 
     def _already_sharded(self, loader: Call) -> bool:
+        """The dataset is this rank's share already (a Subset by rank, a class that slices its rows
+        by rank, a generator that yields this rank's slice): shuffling it shuffles only the shard."""
         dataset = loader.arg(0, "dataset")
         if dataset is None:
             return True  # cannot tell what is loaded: stay silent
-        exprs: list[cst.BaseExpression] = [dataset]
-        exprs.extend(c.node for c in self.model.origin_calls(dataset, loader.order, loader.function))
-        for expr in exprs:
-            for name in names_in(expr):
-                last = name.rsplit(".", 1)[-1].lower()
-                if any(word in last for word in SHARD_WORDS):
-                    return True
-            if isinstance(expr, cst.Call) and self._mentions_shard(dotted_name(expr.func)):
-                return True
-        return False
-
-    @staticmethod
-    def _mentions_shard(name: Optional[str]) -> bool:
-        return name is not None and any(word in name.lower() for word in ("shard", "split_by_node"))
+        return sharding.split_by_rank(self.model, dataset, loader.order, loader.function)

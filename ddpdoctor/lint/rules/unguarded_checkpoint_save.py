@@ -14,6 +14,7 @@ from ddpdoctor.lint.analysis import (
     WhoRuns,
     launch,
     ranks,
+    sharding,
     summaries,
     who_runs,
 )
@@ -55,6 +56,8 @@ class UnguardedCheckpointSave(Rule):
             path = save.arg(1, "f")
             if path is None or summaries.mentions_rank(self.model, path, save.order, save.function):
                 continue  # a per-rank file (`ckpt_rank{rank}.pt`) is a deliberate sharded save
+            if sharding.per_item_path(self.model, path, save.order, save.function):
+                continue  # one file per item of this rank's own share of the data: no other rank writes it
             if self.model.origin_names(path, save.order, save.function) & summaries.IN_MEMORY:
                 continue  # serialising into a buffer writes no file
             who = who_runs(self.model, save)
@@ -174,6 +177,8 @@ class UnguardedCheckpointSave(Rule):
             if path_param is not None:
                 path = summaries.argument_for(call, helper, path_param)
                 if path is None or summaries.mentions_rank(self.model, path, call.order, call.function):
+                    continue
+                if sharding.per_item_path(self.model, path, call.order, call.function):
                     continue
             written = call.dotted or helper.name
             self.report(
