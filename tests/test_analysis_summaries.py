@@ -4,10 +4,11 @@ batches from, with the backward that makes it a training loop."""
 from __future__ import annotations
 
 import textwrap
+from typing import Optional
 
 import libcst as cst
 
-from ddpdoctor.lint.analysis import build_analysis, summaries
+from ddpdoctor.lint.analysis import Function, ModuleModel, build_analysis, summaries
 
 
 def test_drawn_params_name_each_parameter_with_its_loops_backward() -> None:
@@ -46,3 +47,29 @@ def test_mentions_rank_anywhere_in_a_path_through_variables() -> None:
     )
     calls = [c for c in model.calls if c.dotted == "target"]
     assert [summaries.mentions_rank(model, c.arg(0), c.order, c.function) for c in calls] == [True, True, False]
+
+
+def test_mentions_reads_subscripts_and_takes_any_test() -> None:
+    model = build_analysis(
+        cst.parse_module(
+            textwrap.dedent(
+                """\
+                import os
+                folder = os.getcwd()
+                target(f"{folder}/ckpt_{os.environ['RANK']}.pt")
+                target(f"{folder}/ckpt_{os.environ['HOME']}.pt")
+                """
+            )
+        )
+    )
+    first, second = (c for c in model.calls if c.dotted == "target")
+    # The launcher's variable read by a subscript is a rank.
+    assert summaries.mentions_rank(model, first.arg(0), first.order, first.function)
+    assert not summaries.mentions_rank(model, second.arg(0), second.order, second.function)
+
+    def is_cwd(model: ModuleModel, node: cst.BaseExpression, order: int, function: Optional[Function]) -> bool:
+        return isinstance(node, cst.Call) and model.qualify(node.func) == "os.getcwd"
+
+    # Any question of one node, asked through variables: the folder is the working directory.
+    assert summaries.mentions(model, first.arg(0), first.order, first.function, is_cwd)
+    assert not summaries.mentions(model, first.arg(0), first.order, first.function, lambda *_: False)
