@@ -246,3 +246,25 @@ def test_world_size_spellings() -> None:
     first, second = (c for c in model.calls if c.dotted == "probe")
     assert [sharding.is_world_size(model, a.value, first.order, None) for a in first.args] == [True] * 6
     assert [sharding.is_world_size(model, a.value, second.order, None) for a in second.args] == [False] * 4
+
+
+def test_loops_that_iterate_their_share_directly() -> None:
+    model = model_of(
+        """
+        import torch
+        import torch.distributed as dist
+        rank, world_size = dist.get_rank(), dist.get_world_size()
+        for index in range(rank, len(files), world_size):
+            torch.save(0, f"out/{index}.pt")
+        mine = files[rank::world_size]
+        for name in mine:
+            torch.save(0, name + ".pt")
+        for other in range(world_size):
+            torch.save(0, f"out/{other}.pt")
+        for name in files:
+            torch.save(0, name + ".pt")
+        """
+    )
+    saves = model.calls_named("torch.save")
+    # `range(world_size)` visits every rank's index on every rank: its name alone splits nothing.
+    assert [sharding.per_item_path(model, s.arg(1), s.order, s.function) for s in saves] == [True, True, False, False]

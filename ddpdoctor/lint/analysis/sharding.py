@@ -105,29 +105,32 @@ def _partitions_by_rank(model: ModuleModel, function: Function, depth: int) -> b
 def _takes_a_share(model: ModuleModel, function: Function) -> bool:
     """The partition in the function's own body. Values are read as at the function's end: the
     body's names are mostly assigned once before the slice that uses them."""
-    at = function.end_order
     nested = (cst.FunctionDef, cst.ClassDef)
-    for node in walk(function.node.body, skip=lambda n: isinstance(n, nested)):
-        if isinstance(node, cst.Subscript):
-            if any(mentions_rank(model, element.slice, at, function) for element in node.slice) and mentions_world_size(
-                model, node, at, function
-            ):
-                return True
-        elif isinstance(node, cst.Call):
-            last = last_segment(dotted_name(node.func) or "")
-            arguments = [arg.value for arg in node.args]
-            if last in STRIDED_CALLS and any(mentions_rank(model, a, at, function) for a in arguments[:2]) and any(
+    return any(
+        _share_node(model, node, function.end_order, function)
+        for node in walk(function.node.body, skip=lambda n: isinstance(n, nested))
+    )
+
+
+def _share_node(model: ModuleModel, node: cst.CSTNode, at: int, function: Optional[Function]) -> bool:
+    """One node that takes a rank's share: a subscript by the rank that mentions the world size, a
+    stride from the rank by the world size, a library shard call given the rank, a modulo test."""
+    if isinstance(node, cst.Subscript):
+        return any(mentions_rank(model, element.slice, at, function) for element in node.slice) and mentions_world_size(
+            model, node, at, function
+        )
+    if isinstance(node, cst.Call):
+        last = last_segment(dotted_name(node.func) or "")
+        arguments = [arg.value for arg in node.args]
+        if last in STRIDED_CALLS:
+            return any(mentions_rank(model, a, at, function) for a in arguments[:2]) and any(
                 mentions_world_size(model, a, at, function) for a in arguments[1:]
-            ):
-                return True
-            if last in SHARD_CALLS and any(mentions_rank(model, a, at, function) for a in arguments):
-                return True
-        elif isinstance(node, cst.Comparison) and _modulo_picks_rank(model, node, at, function):
-            return True
-    return False
+            )
+        return last in SHARD_CALLS and any(mentions_rank(model, a, at, function) for a in arguments)
+    return isinstance(node, cst.Comparison) and _modulo_picks_rank(model, node, at, function)
 
 
-def _modulo_picks_rank(model: ModuleModel, node: cst.Comparison, at: int, function: Function) -> bool:
+def _modulo_picks_rank(model: ModuleModel, node: cst.Comparison, at: int, function: Optional[Function]) -> bool:
     """`i % world_size == rank` / `rank != idx % world_size`: every world_size-th item, from rank on."""
     if len(node.comparisons) != 1 or not isinstance(node.comparisons[0].operator, (cst.Equal, cst.NotEqual)):
         return False
@@ -234,8 +237,8 @@ def loader_split_across_ranks(model: ModuleModel, loader: Call) -> bool:
 
 def iterates_split_data(model: ModuleModel, expr: Expr, order: int, function: Optional[Function]) -> bool:
     """A loop over `expr` (or `next(expr)`) draws items no other rank draws: a DataLoader split
-    across ranks, a dataset that is this rank's share iterated directly, or part of an item already
-    drawn from such data (`for name in batch["names"]`)."""
+    across ranks, a collection that is this rank's share iterated directly, or part of an item
+    already drawn from such data (`for name in batch["names"]`)."""
     key = ("iterates-split-data", id(expr), order, id(function))
     return model.memoized(key, lambda: _iterates_split_data(model, expr, order, function), False)
 
@@ -246,9 +249,22 @@ def _iterates_split_data(model: ModuleModel, expr: Expr, order: int, function: O
     if loaders:
         return any(loader_split_across_ranks(model, loader) for loader in loaders)
     return any(
-        split_by_rank(model, iterated, order, function) or _part_of_split_item(model, iterated, order, function)
+        _takes_its_share(model, iterated, order, function) or _part_of_split_item(model, iterated, order, function)
         for iterated in model.iterated_exprs(expr)
     )
+
+
+def _takes_its_share(model: ModuleModel, expr: Expr, order: int, function: Optional[Function]) -> bool:
+    """What a loop iterates directly is this rank's share, by what the code does (not by names: a
+    loop over `range(world_size)` visits every rank's index on every rank): `range(rank, n,
+    world_size)`, `files[rank::world_size]` (also through a variable), a dataset or helper that
+    takes its share."""
+    for value, at, inside in model.leaf_values(expr, order, function):
+        if any(_share_node(model, node, at, inside) for node in walk(value)):
+            return True
+        if any(_call_partitions(model, origin, 0) for origin in model.origin_calls(value, at, inside)):
+            return True
+    return False
 
 
 def _part_of_split_item(model: ModuleModel, expr: Expr, order: int, function: Optional[Function], depth: int = 0) -> bool:
