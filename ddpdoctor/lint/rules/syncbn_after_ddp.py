@@ -44,9 +44,9 @@ class SyncBatchNormAfterDDP(Rule):
             self.report(
                 convert.node,
                 f"SyncBatchNorm conversion runs on a model already wrapped in DistributedDataParallel "
-                f"(wrapped at line {self.line(wrap.node)}): DDP has already registered the original "
-                f"BatchNorm layers, so batch statistics are never synchronised. Call "
-                f"convert_sync_batchnorm before wrapping the model in DDP.",
+                f"(wrapped at line {self.line(wrap.node)}): the documented order is the conversion first; "
+                f"PyTorch before 1.9 fails at the first forward, and newer versions work only because the "
+                f"layers are replaced in place. Call convert_sync_batchnorm before wrapping the model in DDP.",
                 fix=self.fix(convert, wrap),
             )
 
