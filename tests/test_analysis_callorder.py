@@ -380,3 +380,71 @@ def test_static_and_class_methods_are_not_run_on_a_finished_object() -> None:
     )
     # `build` needs no object: it may run before any construction.
     assert callorder.may_run_before(model, call(model, "b()"), call(model, "a()"))
+
+
+def test_a_call_of_an_import_by_the_same_name_is_not_a_call_of_the_method() -> None:
+    # The holder's `load` calls `torch.load`: that call cannot reach `Holder.load`.
+    model = model_of(
+        """
+        import torch
+
+        class Holder:
+            def __init__(self, path):
+                self.load(path)
+                self.net = wrap(self.net)
+
+            def load(self, path):
+                self.net.load_state_dict(torch.load(path))
+                self.net = convert(self.net)
+        """
+    )
+    assert ways(model, "Holder.load") == [["self.load(path)"]]
+    assert not callorder.may_run_before(model, call(model, "wrap(self.net)"), call(model, "convert(self.net)"))
+
+
+def test_a_method_that_may_override_a_called_namesake_has_unknown_ways_in() -> None:
+    # `Base.__init__` calls `self.setup()`: on a `Child` that runs `Child.setup`, during the
+    # construction, although no call resolves to it.
+    model = model_of(
+        """
+        class Base:
+            def __init__(self):
+                self.setup()
+
+            def setup(self):
+                pass
+
+        class Child(Base):
+            def __init__(self):
+                super().__init__()
+                self.net = convert(self.net)
+
+            def setup(self):
+                self.net = wrap(self.net)
+        """
+    )
+    assert ways(model, "Base.setup") == [["self.setup()"]]
+    assert ways(model, "Child.setup") is None
+    assert callorder.may_run_before(model, call(model, "wrap(self.net)"), call(model, "convert(self.net)"))
+
+
+def test_a_plain_function_is_not_reached_by_a_namesake_method_call() -> None:
+    model = model_of(
+        """
+        def prepare():
+            a()
+
+        class Holder:
+            def prepare(self):
+                b()
+
+            def run(self):
+                self.prepare()
+
+        def main():
+            prepare()
+        """
+    )
+    assert ways(model, "prepare") == [["prepare()"]]
+    # The plain call `prepare()` reaches the module's function, never the method.
+    assert ways(model, "Holder.prepare") == [["self.prepare()"]]

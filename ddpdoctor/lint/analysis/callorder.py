@@ -182,18 +182,25 @@ def _runs_when_called(function: Function) -> bool:
 
 def _every_use_is_a_known_call(model: ModuleModel, function: Function) -> bool:
     """Every identifier in the module spelled like the function is the name of a `def` or of a
-    call that resolves to a function here: nothing hands it on (`Thread(target=self.load)`,
-    `@property`, `getattr(self, "load")`), and no call by that name may reach it unseen
-    (`super().load()`, `x.load()` on an object whose class is not built here). Comments and
-    docstrings do not count; a variable or keyword of the same name makes the answer a
-    conservative no."""
+    call that cannot reach it unseen: nothing hands it on (`Thread(target=self.load)`,
+    `@property`, `getattr(self, "load")`), and every call by that name is one of its known call
+    sites, a call of an import (`torch.load`), or, for a plain function, a call resolved to a
+    namesake in another scope. For a method, a call resolved to a namesake method may still reach
+    it (`self.setup()` in a base class runs a subclass's override), and `super().load()` or
+    `x.load()` on an object whose class is not built here may too. Comments and docstrings do not
+    count; a variable or keyword of the same name makes the answer a conservative no."""
     name = function.name
     namesakes = model.functions_named(name)
     calls = [call for call in model.calls if call.attr == name]
     if _identifier_uses(model).get(name, 0) != len(namesakes) + len(calls):
         return False
-    resolved = {id(site) for namesake in namesakes for site in model.callers(namesake)}
-    return all(id(call) in resolved for call in calls)
+    mine = {id(site) for site in model.callers(function)}
+    others = {
+        id(site) for namesake in namesakes
+        if namesake is not function and (function.klass is None or namesake.klass is None)
+        for site in model.callers(namesake)
+    }
+    return all(call.name is not None or id(call) in mine or id(call) in others for call in calls)
 
 
 def _identifier_uses(model: ModuleModel) -> Counter[str]:
