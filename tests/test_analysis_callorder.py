@@ -448,3 +448,136 @@ def test_a_plain_function_is_not_reached_by_a_namesake_method_call() -> None:
     assert ways(model, "prepare") == [["prepare()"]]
     # The plain call `prepare()` reaches the module's function, never the method.
     assert ways(model, "Holder.prepare") == [["self.prepare()"]]
+
+
+def test_a_call_site_that_reaches_two_methods_leaves_them_unordered() -> None:
+    # `obj.load()` in a plain function may be either class's `load`: no common frame below it.
+    model = model_of(
+        """
+        class First:
+            def load(self):
+                a()
+
+        class Second:
+            def load(self):
+                b()
+
+        def restore(self):
+            self.load()
+        """
+    )
+    assert ways(model, "First.load") == ways(model, "Second.load") == [["self.load()"]]
+    a, b = call(model, "a()"), call(model, "b()")
+    assert callorder.may_run_before(model, a, b) and callorder.may_run_before(model, b, a)
+
+
+def test_only_a_loop_of_the_same_function_around_both_unorders_them() -> None:
+    model = model_of(
+        """
+        class Holder:
+            def __init__(self, parts):
+                self.load()
+                for part in parts:
+                    wrap(part)
+
+            def load(self):
+                convert()
+
+            def report(self, rows):
+                for row in rows:
+                    show(row)
+        """
+    )
+    wrap, convert = call(model, "wrap(part)"), call(model, "convert()")
+    assert not callorder.may_run_before(model, wrap, convert)
+    # One statement is unordered with itself, in a loop or not.
+    assert callorder.may_run_before(model, wrap, wrap) and callorder.may_run_before(model, convert, convert)
+    # A call site starts before what it calls.
+    assert callorder.may_run_before(model, call(model, "self.load()"), convert)
+
+
+def test_construction_comes_first_for_a_method_called_through_the_module() -> None:
+    # `distribute` is entered from `main`, through statements outside the class, on a built object.
+    model = model_of(
+        """
+        class Trainer:
+            def __init__(self):
+                self.net = convert(self.net)
+
+            def distribute(self):
+                self.net = wrap(self.net)
+
+        def main():
+            trainer = Trainer()
+            trainer.distribute()
+        """
+    )
+    wrap, convert = call(model, "wrap(self.net)"), call(model, "convert(self.net)")
+    assert not callorder.may_run_before(model, wrap, convert)
+    assert callorder.may_run_before(model, convert, wrap)
+
+
+def test_construction_orders_only_what_acts_on_the_same_class() -> None:
+    # `Part.setup` runs inside `Owner`'s construction, but on a `Part`: not ordered by it.
+    model = model_of(
+        """
+        class Owner:
+            def __init__(self):
+                self.part = Part()
+                self.part.setup()
+
+            def run(self):
+                a()
+
+        class Part:
+            def setup(self):
+                b()
+        """
+    )
+    assert ways(model, "Part.setup") == [["self.part.setup()"]]
+    assert callorder.may_run_before(model, call(model, "a()"), call(model, "b()"))
+
+
+def test_static_and_class_methods_with_parameters_need_no_object() -> None:
+    for decorator in ("staticmethod", "classmethod"):
+        model = model_of(
+            f"""
+            class Holder:
+                def __init__(self):
+                    a()
+
+                @{decorator}
+                def build(path):
+                    b()
+            """
+        )
+        assert callorder.may_run_before(model, call(model, "b()"), call(model, "a()")), decorator
+    plain = model_of(
+        """
+        class Holder:
+            def __init__(self):
+                a()
+
+            def build(self, path):
+                b()
+        """
+    )
+    assert not callorder.may_run_before(plain, call(plain, "b()"), call(plain, "a()"))
+
+
+def test_a_private_method_is_not_taken_for_a_dunder() -> None:
+    model = model_of(
+        """
+        class Holder:
+            def __init__(self):
+                self.__load(b"weights")
+
+            def __load(self, blob):
+                convert()
+
+            def private__(self):
+                pass
+        """
+    )
+    assert ways(model, "Holder.__load") == [['self.__load(b"weights")']]
+    assert ways(model, "Holder.private__") == [[]]

@@ -19,8 +19,9 @@ the ways it is entered:
 
 Anything else is unknown and answers "may run before", so a rule asking it stays as it was without
 this fact: a function also named where it is not called (handed on as a callback, a property, a
-name in a comment), a call by the same name that resolves to no function here (`super().load()`),
-a generator or coroutine (its body runs when drawn or awaited, not when called), a method Python
+string for `getattr`, a variable of the same name), a call by the same name that resolves to no
+function here (`super().load()`), a method whose namesake in another class is called (dispatch may
+run it instead), a generator or coroutine (its body runs when drawn or awaited, not when called), a method Python
 calls by itself (`forward`, `__call__`, other dunders), a cycle, and more than `MAX_ENTRIES` ways in.
 It deliberately stops at the module's edge: a public method that this module calls only from
 `__init__` is taken to run only there, although another module could call it again later.
