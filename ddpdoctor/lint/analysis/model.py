@@ -58,8 +58,6 @@ PASS_THROUGH_METHODS = frozenset(
 
 # How deep value-following goes before it gives up (and the rule stays silent).
 MAX_DEPTH = 6
-# How many modules deep a name is followed through re-exports (`from .dataset import *`).
-MAX_LINK_DEPTH = 3
 # How many distinct value-following questions one module may ask before every further one
 # answers "unknown": a hard ceiling on analysis time for pathological files.
 STEP_BUDGET = 200_000
@@ -656,10 +654,7 @@ class ModuleModel:
                 if path is not None:
                     project = self.project
                     assert project is not None
-                    try:
-                        table = project.memo(("import-table", path), lambda: _import_table(project.parse(path)))
-                    except (MemoCycle, RecursionError):
-                        table = {}
+                    table = _star_exports(project, path, 0)
                     self._star_table.update(table)
                 elif level == 0 and module is not None and (module == "torch" or module.startswith("torch.")):
                     self._star_fallback = module
@@ -1473,7 +1468,7 @@ class ModuleModel:
         re-exports (`from .dataset import *` in a package's `__init__.py`) a few modules deep."""
         if "." not in written and written in self.classes:
             return self, written
-        if depth >= MAX_LINK_DEPTH or self.project is None:
+        if depth >= STAR_CHAIN_DEPTH or self.project is None:
             return None
         for other, name in self._imported_from(written):
             found = other.project_class(name, depth + 1)
@@ -1561,6 +1556,40 @@ class ModuleModel:
 
     def code_of(self, node: cst.CSTNode) -> str:
         return self.module.code_for_node(node)
+
+
+# How many re-export hops inside the project a name is followed through: `from x import *` (a package's
+# `__init__.py` re-exporting its submodules with `*` is the usual one), and for a class also
+# `from .x import Name`.
+STAR_CHAIN_DEPTH = 3
+
+
+def _star_exports(project: ProjectSources, path: Path, depth: int) -> dict[str, str]:
+    """The imports `from <path's module> import *` brings: the module's own top-level imports and,
+    as Python does, what its own star imports of project modules bring (`utils/transforms/__init__.py`
+    doing `from .transforms import *`, where that module imports torch). Its own imports win."""
+
+    def compute() -> dict[str, str]:
+        tree = project.parse(path)
+        table = _import_table(tree)
+        if tree is None or depth >= STAR_CHAIN_DEPTH:
+            return table
+        for statement in tree.body:
+            if not isinstance(statement, cst.SimpleStatementLine):
+                continue
+            for small in statement.body:
+                if isinstance(small, cst.ImportFrom) and isinstance(small.names, cst.ImportStar):
+                    module = dotted_name(small.module) if small.module is not None else None
+                    inner = project.resolve(path, module, len(small.relative))
+                    if inner is not None and inner != path:
+                        for name, target in _star_exports(project, inner, depth + 1).items():
+                            table.setdefault(name, target)
+        return table
+
+    try:
+        return project.memo(("star-exports", path), compute)
+    except (MemoCycle, RecursionError):
+        return {}
 
 
 def _import_table(tree: Optional[cst.Module]) -> dict[str, str]:
