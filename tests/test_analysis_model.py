@@ -574,3 +574,86 @@ def test_routes_through_both_sides_of_a_conditional_inside_a_function() -> None:
     (call,) = [c for c in model.calls if c.dotted == "target"]
     routes = model.routes(call.arg(0), call.order, call.function)
     assert [model.code_of(r.value) for r in routes] == ["dist.get_rank()", "0"]
+
+
+def _device_ids_values(model, function_name: str) -> list[str]:  # type: ignore[no-untyped-def]
+    """What `device_ids=[x]` of the DDP wrap inside `function_name` may finally be, as source text."""
+    (wrap,) = [c for c in model.calls if c.dotted == "DDP" and c.function.name == function_name]
+    element = wrap.arg(keyword="device_ids").elements[0].value
+    return sorted(model.code_of(v) for v, _, _ in model.leaf_values(element, wrap.order, wrap.function))
+
+
+def test_a_global_rebound_by_a_setter_is_not_only_its_module_default() -> None:
+    model = model_of(
+        """
+        _gpu = 0
+        def use_gpu(index):
+            global _gpu
+            _gpu = index
+        def wrap(net):
+            return DDP(net, device_ids=[_gpu])
+        """
+    )
+    # The setter has no caller here: its parameter is unknown, beside the module's default.
+    assert _device_ids_values(model, "wrap") == ["0", "index"]
+
+
+def test_a_global_setter_called_here_brings_its_argument() -> None:
+    model = model_of(
+        """
+        import os
+        _gpu = 0
+        def use_gpu(index):
+            global _gpu
+            _gpu = index
+        def wrap(net):
+            return DDP(net, device_ids=[_gpu])
+        use_gpu(int(os.environ["LOCAL_RANK"]))
+        """
+    )
+    assert _device_ids_values(model, "wrap") == ['0', 'int(os.environ["LOCAL_RANK"])']
+
+
+def test_a_name_assigned_in_a_function_without_global_stays_local_to_it() -> None:
+    model = model_of(
+        """
+        _gpu = 0
+        def pick(index):
+            _gpu = index
+            return _gpu
+        def wrap(net):
+            return DDP(net, device_ids=[_gpu])
+        """
+    )
+    assert _device_ids_values(model, "wrap") == ["0"]
+
+
+def test_global_declared_without_rebinding_changes_nothing() -> None:
+    model = model_of(
+        """
+        _gpu = 0
+        def show():
+            global _gpu
+            print(_gpu)
+        def wrap(net):
+            return DDP(net, device_ids=[_gpu])
+        """
+    )
+    assert _device_ids_values(model, "wrap") == ["0"]
+
+
+def test_the_setter_reads_its_own_rebinding_first() -> None:
+    model = model_of(
+        """
+        _gpu = 0
+        def use_gpu(index):
+            global _gpu
+            _gpu = index
+            return DDP(net, device_ids=[_gpu])
+        def before_any_rebinding():
+            global _gpu
+            return DDP(net, device_ids=[_gpu])
+        """
+    )
+    assert _device_ids_values(model, "use_gpu") == ["index"]
+    assert _device_ids_values(model, "before_any_rebinding") == ["0", "index"]
