@@ -4,6 +4,7 @@
     imports    the project's own modules: import resolution, lazy parsing (ProjectSources)
     model      one module: bindings, values per path, loops, calls, functions, guards, and the
                link from a call to a function of another project module (`linked_function`)
+    reads      where the value a call builds is read, through the one name it is bound to
     harness    test-suite detection
     launch     launch evidence: is this one of several processes; what the launcher's environment says
     ranks      who runs this: all ranks / rank 0 / the others / a subset / single-process only
@@ -20,7 +21,7 @@ from typing import Optional
 
 import libcst as cst
 
-from ddpdoctor.lint.analysis import devices, harness, launch, ranks, summaries, syntax
+from ddpdoctor.lint.analysis import devices, harness, launch, ranks, reads, summaries, syntax
 from ddpdoctor.lint.analysis.imports import ProjectSources
 from ddpdoctor.lint.analysis.model import (
     MAX_DEPTH,
@@ -40,7 +41,7 @@ from ddpdoctor.lint.analysis.syntax import UNKNOWN, Expr, contains, dotted_name,
 __all__ = [
     "MAX_DEPTH", "UNKNOWN", "Assignment", "Call", "Context", "Expr", "Function", "Guard", "Loop",
     "ModuleModel", "ProjectSources", "Route", "Runs", "SubscriptStore", "WhoRuns", "build_analysis",
-    "contains", "decided_by_guards", "devices", "dotted_name", "harness", "launch", "names_in", "ranks",
+    "contains", "decided_by_guards", "devices", "dotted_name", "harness", "launch", "names_in", "ranks", "reads",
     "route_runs", "summaries", "syntax", "walk", "who_runs",
 ]
 

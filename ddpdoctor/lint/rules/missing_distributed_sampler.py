@@ -6,7 +6,7 @@ from typing import Optional
 
 import libcst as cst
 
-from ddpdoctor.lint.analysis import Call, Runs, dotted_name, launch, names_in, who_runs
+from ddpdoctor.lint.analysis import Call, Runs, dotted_name, launch, names_in, ranks, who_runs
 from ddpdoctor.lint.rules.base import Rule
 
 DATA_LOADER = "torch.utils.data.DataLoader"
@@ -47,6 +47,8 @@ class MissingDistributedSampler(Rule):
                 continue
             if who_runs(self.model, loader).runs not in (Runs.ALL, Runs.UNKNOWN):
                 continue
+            if ranks.who_reads(self.model, loader).runs not in (Runs.ALL, Runs.UNKNOWN):
+                continue  # built everywhere, drawn from on rank 0 only: a preview, not the training data
             if self._is_eval_loader(loader) or self._already_sharded(loader):
                 continue
             what = launch.describe(start)
