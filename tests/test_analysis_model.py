@@ -7,6 +7,7 @@ import pathlib
 import textwrap
 
 import libcst as cst
+import pytest
 
 from ddpdoctor.lint.analysis import ProjectSources, build_analysis, ranks
 
@@ -576,6 +577,7 @@ def test_routes_through_both_sides_of_a_conditional_inside_a_function() -> None:
     assert [model.code_of(r.value) for r in routes] == ["dist.get_rank()", "0"]
 
 
+
 def _device_ids_values(model, function_name: str) -> list[str]:  # type: ignore[no-untyped-def]
     """What `device_ids=[x]` of the DDP wrap inside `function_name` may finally be, as source text."""
     (wrap,) = [c for c in model.calls if c.dotted == "DDP" and c.function.name == function_name]
@@ -583,63 +585,28 @@ def _device_ids_values(model, function_name: str) -> list[str]:  # type: ignore[
     return sorted(model.code_of(v) for v, _, _ in model.leaf_values(element, wrap.order, wrap.function))
 
 
-def test_a_global_rebound_by_a_setter_is_not_only_its_module_default() -> None:
-    model = model_of(
-        """
-        _gpu = 0
-        def use_gpu(index):
-            global _gpu
-            _gpu = index
-        def wrap(net):
-            return DDP(net, device_ids=[_gpu])
-        """
-    )
-    # The setter has no caller here: its parameter is unknown, beside the module's default.
-    assert _device_ids_values(model, "wrap") == ["0", "index"]
+# Each snippet defines `_gpu = 0` at the top and a `wrap(net)` reading it for `device_ids=[_gpu]`,
+# after the function given here.
+_WRAP = "def wrap(net):\n    return DDP(net, device_ids=[_gpu])\n"
 
 
-def test_a_global_setter_called_here_brings_its_argument() -> None:
-    model = model_of(
-        """
-        import os
-        _gpu = 0
-        def use_gpu(index):
-            global _gpu
-            _gpu = index
-        def wrap(net):
-            return DDP(net, device_ids=[_gpu])
-        use_gpu(int(os.environ["LOCAL_RANK"]))
-        """
-    )
-    assert _device_ids_values(model, "wrap") == ['0', 'int(os.environ["LOCAL_RANK"])']
-
-
-def test_a_name_assigned_in_a_function_without_global_stays_local_to_it() -> None:
-    model = model_of(
-        """
-        _gpu = 0
-        def pick(index):
-            _gpu = index
-            return _gpu
-        def wrap(net):
-            return DDP(net, device_ids=[_gpu])
-        """
-    )
-    assert _device_ids_values(model, "wrap") == ["0"]
-
-
-def test_global_declared_without_rebinding_changes_nothing() -> None:
-    model = model_of(
-        """
-        _gpu = 0
-        def show():
-            global _gpu
-            print(_gpu)
-        def wrap(net):
-            return DDP(net, device_ids=[_gpu])
-        """
-    )
-    assert _device_ids_values(model, "wrap") == ["0"]
+@pytest.mark.parametrize(
+    ("between", "expected"),
+    [
+        # A setter nobody here calls: its parameter is unknown, beside the module's default.
+        ("def use_gpu(index):\n    global _gpu\n    _gpu = index\n", ["0", "index"]),
+        # A setter called here brings the argument of its call site.
+        ("def use_gpu(index):\n    global _gpu\n    _gpu = index\n"
+         "use_gpu(int(os.environ['LOCAL_RANK']))\n", ["0", "int(os.environ['LOCAL_RANK'])"]),
+        # Assigned in a function without `global`: a local of that function.
+        ("def pick(index):\n    _gpu = index\n    return _gpu\n", ["0"]),
+        # Declared `global` but only read: nothing rebinds it.
+        ("def show():\n    global _gpu\n    print(_gpu)\n", ["0"]),
+    ],
+)
+def test_a_global_read_in_a_function(between: str, expected: list[str]) -> None:
+    model = model_of("import os\n_gpu = 0\n" + between + _WRAP)
+    assert _device_ids_values(model, "wrap") == expected
 
 
 def test_the_setter_reads_its_own_rebinding_first() -> None:

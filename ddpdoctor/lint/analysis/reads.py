@@ -5,8 +5,11 @@ above can ask who runs each of them.
 Deliberately syntactic and conservative: it answers only for a value bound once, whole, to a plain
 variable or to a `self.` attribute, and only when every mention of that name in the code that can
 see it sits inside a call, an assigned value or a `for`'s iterable. A mention anywhere else (a
-condition, a `return`, a container literal, `obj.attr` on another object) is a place the value may
-escape to, and the answer is None: unknown."""
+condition, a `return` or `yield`, `obj.attr` on another object) is a place the value may
+escape to, and the answer is None: unknown. A mention that only moves the value on (`loaders =
+{"train": loader}`, `it = iter(loader)`) is a read where it is written: whichever process later draws
+from the alias ran that statement first. Mentions in other modules (`runner.preview` after importing the
+runner's module) are not seen."""
 
 from __future__ import annotations
 
