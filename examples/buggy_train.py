@@ -9,6 +9,7 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 from torch.nn.parallel import DistributedDataParallel as DDP
+from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 
 
 def build_model() -> nn.Module:
@@ -20,19 +21,20 @@ def main() -> None:
     torch.cuda.set_device(local_rank)
     dist.init_process_group("nccl")
 
-    model = build_model().cuda()
+    model = nn.SyncBatchNorm.convert_sync_batchnorm(build_model().cuda())
     model = DDP(model, device_ids=[local_rank])
-    # Bug: converting after wrapping: DDP keeps training the old BatchNorm layers.
-    model = nn.SyncBatchNorm.convert_sync_batchnorm(model)
+    dataset = TensorDataset(torch.randn(512, 3, 32, 32), torch.randint(0, 10, (512,)))
+    sampler = DistributedSampler(dataset, shuffle=True)
+    loader = DataLoader(dataset, batch_size=32, sampler=sampler)
 
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-    for step in range(10):
-        images = torch.randn(32, 3, 32, 32, device="cuda")
-        target = torch.randint(0, 10, (32,), device="cuda")
-        loss = nn.functional.cross_entropy(model(images), target)
-        optimizer.zero_grad()
-        loss.backward()
-        optimizer.step()
+    # Bug: the sampler's epoch is never set, so every epoch replays the same shuffle.
+    for epoch in range(10):
+        for images, target in loader:
+            loss = nn.functional.cross_entropy(model(images.cuda()), target.cuda())
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
     # Bug: every rank writes the same file at the same time.
     torch.save(model.module.state_dict(), "checkpoint.pt")
     dist.destroy_process_group()

@@ -16,7 +16,8 @@ RULES = ANALYSIS.parent / "rules"
 PACKAGE = "ddpdoctor.lint.analysis"
 
 # Bottom first. A module may import only the ones before it.
-LAYERS = ["syntax", "imports", "model", "reads", "harness", "launch", "ranks", "devices", "summaries", "project"]
+LAYERS = ["syntax", "imports", "model", "callorder", "reads", "harness", "launch", "ranks", "devices", "summaries",
+          "project"]
 
 
 def imported_modules(path: pathlib.Path) -> set[str]:

@@ -44,6 +44,16 @@ def runs(source: str) -> Runs:
         # a rank held in a local variable whose name says nothing, tested with another condition
         ("def main(verbose):\n    me = dist.get_rank()\n    if me == 0 and verbose:\n        target()\nmain(True)\n",
          Runs.RANK0),
+        # get_global_rank(group, r) is this process's rank only when r is its own group rank; with a
+        # constant it names one member of the group, the same on every rank
+        ("group = dist.new_group([0, 1])\nif dist.get_global_rank(group, 0) == 0:\n    target()\n", Runs.ALL),
+        ("group = dist.new_group([0, 1])\nif dist.get_global_rank(group, dist.get_rank(group)) == 0:\n"
+         "    target()\n", Runs.RANK0),
+        ("group = dist.new_group([0, 1])\nme = dist.get_rank(group)\n"
+         "if dist.get_global_rank(group=group, group_rank=me) == 0:\n    target()\n", Runs.RANK0),
+        # the project's own helper of that name answers for this process
+        ("def get_global_rank():\n    return int(os.environ['RANK'])\nif get_global_rank() == 0:\n    target()\n",
+         Runs.RANK0),
     ],
 )
 def test_branches(source: str, expected: Runs) -> None:

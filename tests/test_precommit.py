@@ -21,12 +21,12 @@ dist.init_process_group("nccl")
 local_rank = dist.get_rank() % torch.cuda.device_count()
 torch.cuda.set_device(local_rank)
 model = DDP(Net().cuda(), device_ids=[local_rank])
-model = torch.nn.SyncBatchNorm.convert_sync_batchnorm(model)
+torch.save(model.module.state_dict(), "checkpoint.pt")
 """
 
 CLEAN = BUGGY.replace(
-    "model = DDP(Net().cuda(), device_ids=[local_rank])\nmodel = torch.nn.SyncBatchNorm.convert_sync_batchnorm(model)\n",
-    "model = torch.nn.SyncBatchNorm.convert_sync_batchnorm(Net().cuda())\nmodel = DDP(model, device_ids=[local_rank])\n",
+    'torch.save(model.module.state_dict(), "checkpoint.pt")\n',
+    'if dist.get_rank() == 0:\n    torch.save(model.module.state_dict(), "checkpoint.pt")\n',
 )
 
 
@@ -57,7 +57,7 @@ def test_pre_commit_hook_fails_on_bug_and_passes_on_clean(tmp_path: Path) -> Non
 
     bad = try_repo("buggy_train.py", "README.md")
     assert bad.returncode == 1, bad.stdout + bad.stderr
-    assert "buggy_train.py:9:9: DDP002" in bad.stdout
+    assert "buggy_train.py:9:1: DDP008" in bad.stdout
     good = try_repo("clean_train.py", "README.md")
     assert good.returncode == 0, good.stdout + good.stderr
     assert "Passed" in good.stdout

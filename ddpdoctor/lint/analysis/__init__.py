@@ -4,6 +4,7 @@
     imports    the project's own modules: import resolution, lazy parsing (ProjectSources)
     model      one module: bindings, values per path, loops, calls, functions, guards, and the
                link from a call to a function of another project module (`linked_function`)
+    callorder  in which order statements run across a class's methods and the module's helpers
     reads      where the value a call builds is read, through the one name it is bound to
     harness    test-suite detection
     launch     launch evidence: is this one of several processes; what the launcher's environment says
@@ -21,7 +22,7 @@ from typing import Optional
 
 import libcst as cst
 
-from ddpdoctor.lint.analysis import devices, harness, launch, ranks, reads, summaries, syntax
+from ddpdoctor.lint.analysis import callorder, devices, harness, launch, ranks, reads, summaries, syntax
 from ddpdoctor.lint.analysis.imports import ProjectSources
 from ddpdoctor.lint.analysis.model import (
     MAX_DEPTH,
@@ -41,7 +42,8 @@ from ddpdoctor.lint.analysis.syntax import UNKNOWN, Expr, contains, dotted_name,
 __all__ = [
     "MAX_DEPTH", "UNKNOWN", "Assignment", "Call", "Context", "Expr", "Function", "Guard", "Loop",
     "ModuleModel", "ProjectSources", "Route", "Runs", "SubscriptStore", "WhoRuns", "build_analysis",
-    "contains", "decided_by_guards", "devices", "dotted_name", "harness", "launch", "names_in", "ranks", "reads",
+    "callorder", "contains", "decided_by_guards", "devices", "dotted_name", "harness", "launch", "names_in", "ranks",
+    "reads",
     "route_runs", "summaries", "syntax", "walk", "who_runs",
 ]
 

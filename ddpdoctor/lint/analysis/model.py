@@ -655,10 +655,7 @@ class ModuleModel:
                 if path is not None:
                     project = self.project
                     assert project is not None
-                    try:
-                        table = project.memo(("import-table", path), lambda: _import_table(project.parse(path)))
-                    except (MemoCycle, RecursionError):
-                        table = {}
+                    table = _star_exports(project, path, 0)
                     self._star_table.update(table)
                 elif level == 0 and module is not None and (module == "torch" or module.startswith("torch.")):
                     self._star_fallback = module
@@ -1501,6 +1498,39 @@ class ModuleModel:
 
     def code_of(self, node: cst.CSTNode) -> str:
         return self.module.code_for_node(node)
+
+
+# How many `from x import *` hops inside the project a star import is followed through (a package's
+# `__init__.py` re-exporting its submodules with `*` is the usual one).
+STAR_CHAIN_DEPTH = 3
+
+
+def _star_exports(project: ProjectSources, path: Path, depth: int) -> dict[str, str]:
+    """The imports `from <path's module> import *` brings: the module's own top-level imports and,
+    as Python does, what its own star imports of project modules bring (`utils/transforms/__init__.py`
+    doing `from .transforms import *`, where that module imports torch). Its own imports win."""
+
+    def compute() -> dict[str, str]:
+        tree = project.parse(path)
+        table = _import_table(tree)
+        if tree is None or depth >= STAR_CHAIN_DEPTH:
+            return table
+        for statement in tree.body:
+            if not isinstance(statement, cst.SimpleStatementLine):
+                continue
+            for small in statement.body:
+                if isinstance(small, cst.ImportFrom) and isinstance(small.names, cst.ImportStar):
+                    module = dotted_name(small.module) if small.module is not None else None
+                    inner = project.resolve(path, module, len(small.relative))
+                    if inner is not None and inner != path:
+                        for name, target in _star_exports(project, inner, depth + 1).items():
+                            table.setdefault(name, target)
+        return table
+
+    try:
+        return project.memo(("star-exports", path), compute)
+    except (MemoCycle, RecursionError):
+        return {}
 
 
 def _import_table(tree: Optional[cst.Module]) -> dict[str, str]:

@@ -50,9 +50,11 @@ GLOBAL_RANK_CALLS = frozenset(
         "horovod.tensorflow.rank",
         "horovod.keras.rank",
         "horovod.tensorflow.keras.rank",
-        "torch.distributed.get_global_rank",
     }
 )
+# get_global_rank(group, group_rank) maps the group rank it is given to a global rank: this process's
+# own only when it is given this process's group rank, not a constant source such as 0.
+GROUP_TO_GLOBAL_RANK = "torch.distributed.get_global_rank"
 LOCAL_RANK_CALLS = frozenset(
     {
         "horovod.torch.local_rank",
@@ -253,6 +255,10 @@ def _rank_of_call(
         return "global"
     if name in LOCAL_RANK_CALLS:
         return "local"
+    if name == GROUP_TO_GLOBAL_RANK:
+        mapping = model.call_of(expr)
+        given = mapping.arg(1, "group_rank") if mapping is not None else None
+        return "global" if given is not None and recurse(model, given, order, function, depth + 1) else None
     if name is None or not name.startswith(("torch.", "horovod.")):
         last = last_segment(dotted_name(expr.func) or name or "")
         if last in GLOBAL_RANK_HELPERS:

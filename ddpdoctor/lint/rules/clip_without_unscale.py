@@ -7,7 +7,7 @@ from typing import Optional
 import libcst as cst
 
 from ddpdoctor.findings import Fix
-from ddpdoctor.lint.analysis import Call, Function, ModuleModel, dotted_name, names_in, summaries
+from ddpdoctor.lint.analysis import Call, Function, Guard, ModuleModel, dotted_name, names_in, summaries
 from ddpdoctor.lint.rules.base import Rule
 
 CLIPS = tuple(sorted(summaries.CLIPS))
@@ -48,6 +48,15 @@ def _condition(model: ModuleModel, test: cst.BaseExpression, negated: bool) -> t
     return model.code_of(test), not negated
 
 
+def _same_condition(model: ModuleModel, guard: Guard, other: Guard) -> bool:
+    """Two guards that hold together: one test, or two `if scaler is not None:` checks of one flag
+    that nothing reassigns in between (an accumulation step re-tests the scaler before it clips)."""
+    if guard.test is other.test:
+        return guard.negated == other.negated
+    return _condition(model, guard.test, guard.negated) == _condition(model, other.test, other.negated) and (
+        _not_reassigned(model, guard.test, guard.order, other.order))
+
+
 def exclusive(model: ModuleModel, a: Call, b: Call) -> bool:
     """True when two calls sit in branches whose conditions cannot both hold: the two sides of
     one `if`, or `if args.amp:` ... `if not args.amp:` (the flag is not reassigned in between)."""
@@ -73,9 +82,9 @@ def precision_dependent(model: ModuleModel, clip: Call, backward: Optional[Call]
     scaler itself, e.g. `if not args.amp: clip(...)` after `if scaler is not None: scaler.scale(...)`:
     the two may well be exclusive at run time, which we cannot prove, so the rule stays silent.
     Without a backward (a clip inside a helper), any such condition counts."""
-    shared = {id(g.test) for g in backward.ctx.guards} if backward is not None else set()
+    shared = backward.ctx.guards if backward is not None else ()
     for guard in clip.ctx.guards:
-        if id(guard.test) in shared:
+        if any(_same_condition(model, guard, other) for other in shared):
             continue
         for name in names_in(guard.test):
             if any(word in name.rsplit(".", 1)[-1].lower() for word in PRECISION_WORDS):

@@ -165,7 +165,7 @@ class MissingSetEpoch(Rule):
         for inner in self.model.loops:
             draws = [node for c, node in self.model.loop_draws(inner) if c.name == DATA_LOADER and c in fed]
             if draws and self._trains(inner):
-                out.append((draws[0], self._epoch_loops(inner)))
+                out.append((draws[0], self._epoch_loops(inner, fed)))
         for call in self.model.calls:
             # Cheap tests first (linking reads and parses the other module): in a loop, given a loader.
             if not call.loops or not any(
@@ -274,17 +274,18 @@ class MissingSetEpoch(Rule):
             return True
         return self.model.const_value(shuffle, sampler.order, sampler.function) is True
 
-    def _epoch_loops(self, inner: Loop, depth: int = 0) -> list[Loop]:
+    def _epoch_loops(self, inner: Loop, fed: list[Call]) -> list[Loop]:
         """The loops that run `inner` over and over: loops around it in its function, else the loops
-        around the call sites of its function (`train_one_epoch(loader)` called in `for epoch in ...`)."""
+        around the call sites of its function (`train_one_epoch(loader)` called in `for epoch in ...`)
+        that may hand it one of the `fed` loaders."""
         around = self.model.enclosing_loops(inner)
         if around:
             return around[-1:]  # the outermost: the epoch loop, not a retry loop inside it
         function = inner.function
-        if function is None or depth >= MAX_CALLERS:
+        if function is None:
             return []
         out: list[Loop] = []
-        for site in self.model.call_sites(function):
+        for site in self._feeding_sites(inner, function, fed):
             if site.loops:
                 out.append(site.loops[0])
                 continue
@@ -293,8 +294,34 @@ class MissingSetEpoch(Rule):
                     out.append(loop)
                     break
             else:
-                out.extend(self._epoch_loops_of_call(site, depth + 1))
+                out.extend(self._epoch_loops_of_call(site, 1))
         return out
+
+    def _feeding_sites(self, inner: Loop, function: Function, fed: list[Call]) -> list[Call]:
+        """The call sites of `function` that may hand the loop `inner` one of the `fed` loaders: all of
+        them, but those whose argument for the parameter the loop draws from certainly comes from
+        elsewhere (`train_epoch(batch_iterator)` in a second epoch loop beside the loop that calls
+        `train_epoch(train_loader)` after its `set_epoch`)."""
+        sites = self.model.call_sites(function)
+        if inner.iter is None:
+            return sites
+        params = {summaries.param_name(self.model, function, e) for e in self.model.iterated_exprs(inner.iter)}
+        params.discard(None)
+        if not params:
+            return sites
+        kept = []
+        for site in sites:
+            origins: list[Call] = []
+            traced = True
+            for param in params:
+                assert param is not None
+                argument = summaries.argument_for(site, function, param)
+                found = self.model.origin_calls(argument, site.order, site.function) if argument is not None else []
+                traced = traced and bool(found)
+                origins.extend(found)
+            if not traced or any(origin in fed for origin in origins):
+                kept.append(site)
+        return kept
 
     def _epoch_loops_of_call(self, site: Call, depth: int) -> list[Loop]:
         function = site.function

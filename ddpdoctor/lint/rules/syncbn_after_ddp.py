@@ -8,7 +8,7 @@ from typing import Optional
 import libcst as cst
 
 from ddpdoctor.findings import Edit, Fix
-from ddpdoctor.lint.analysis import Call, dotted_name
+from ddpdoctor.lint.analysis import Call, callorder, dotted_name
 from ddpdoctor.lint.rules.base import Rule
 
 DDP = "torch.nn.parallel.DistributedDataParallel"
@@ -33,10 +33,12 @@ class SyncBatchNormAfterDDP(Rule):
             target = convert.arg(0, "module")
             if target is None:
                 continue
+            # A wrap that provably runs only after this conversion (the constructor converts in
+            # a loading method it calls before it wraps) did not produce what is converted.
             wrappers = [
                 call
                 for call in self.model.origin_calls(target, convert.order, convert.function)
-                if call.name == DDP
+                if call.name == DDP and callorder.may_run_before(self.model, call, convert)
             ]
             if not wrappers:
                 continue
@@ -44,9 +46,9 @@ class SyncBatchNormAfterDDP(Rule):
             self.report(
                 convert.node,
                 f"SyncBatchNorm conversion runs on a model already wrapped in DistributedDataParallel "
-                f"(wrapped at line {self.line(wrap.node)}): DDP has already registered the original "
-                f"BatchNorm layers, so batch statistics are never synchronised. Call "
-                f"convert_sync_batchnorm before wrapping the model in DDP.",
+                f"(wrapped at line {self.line(wrap.node)}): the documented order is the conversion first; "
+                f"PyTorch before 1.9 fails at the first forward, and newer versions work only because the "
+                f"layers are replaced in place. Call convert_sync_batchnorm before wrapping the model in DDP.",
                 fix=self.fix(convert, wrap),
             )
 
