@@ -16,7 +16,8 @@ RULES = ANALYSIS.parent / "rules"
 PACKAGE = "ddpdoctor.lint.analysis"
 
 # Bottom first. A module may import only the ones before it.
-LAYERS = ["syntax", "imports", "model", "callorder", "harness", "launch", "ranks", "devices", "summaries", "sharding", "project"]
+LAYERS = ["syntax", "imports", "model", "callorder", "reads", "harness", "launch", "ranks", "devices", "summaries",
+          "sharding", "project"]
 
 
 def imported_modules(path: pathlib.Path) -> set[str]:

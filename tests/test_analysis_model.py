@@ -7,6 +7,7 @@ import pathlib
 import textwrap
 
 import libcst as cst
+import pytest
 
 from ddpdoctor.lint.analysis import ProjectSources, build_analysis, ranks
 
@@ -574,3 +575,52 @@ def test_routes_through_both_sides_of_a_conditional_inside_a_function() -> None:
     (call,) = [c for c in model.calls if c.dotted == "target"]
     routes = model.routes(call.arg(0), call.order, call.function)
     assert [model.code_of(r.value) for r in routes] == ["dist.get_rank()", "0"]
+
+
+
+def _device_ids_values(model, function_name: str) -> list[str]:  # type: ignore[no-untyped-def]
+    """What `device_ids=[x]` of the DDP wrap inside `function_name` may finally be, as source text."""
+    (wrap,) = [c for c in model.calls if c.dotted == "DDP" and c.function.name == function_name]
+    element = wrap.arg(keyword="device_ids").elements[0].value
+    return sorted(model.code_of(v) for v, _, _ in model.leaf_values(element, wrap.order, wrap.function))
+
+
+# Each snippet defines `_gpu = 0` at the top and a `wrap(net)` reading it for `device_ids=[_gpu]`,
+# after the function given here.
+_WRAP = "def wrap(net):\n    return DDP(net, device_ids=[_gpu])\n"
+
+
+@pytest.mark.parametrize(
+    ("between", "expected"),
+    [
+        # A setter nobody here calls: its parameter is unknown, beside the module's default.
+        ("def use_gpu(index):\n    global _gpu\n    _gpu = index\n", ["0", "index"]),
+        # A setter called here brings the argument of its call site.
+        ("def use_gpu(index):\n    global _gpu\n    _gpu = index\n"
+         "use_gpu(int(os.environ['LOCAL_RANK']))\n", ["0", "int(os.environ['LOCAL_RANK'])"]),
+        # Assigned in a function without `global`: a local of that function.
+        ("def pick(index):\n    _gpu = index\n    return _gpu\n", ["0"]),
+        # Declared `global` but only read: nothing rebinds it.
+        ("def show():\n    global _gpu\n    print(_gpu)\n", ["0"]),
+    ],
+)
+def test_a_global_read_in_a_function(between: str, expected: list[str]) -> None:
+    model = model_of("import os\n_gpu = 0\n" + between + _WRAP)
+    assert _device_ids_values(model, "wrap") == expected
+
+
+def test_the_setter_reads_its_own_rebinding_first() -> None:
+    model = model_of(
+        """
+        _gpu = 0
+        def use_gpu(index):
+            global _gpu
+            _gpu = index
+            return DDP(net, device_ids=[_gpu])
+        def before_any_rebinding():
+            global _gpu
+            return DDP(net, device_ids=[_gpu])
+        """
+    )
+    assert _device_ids_values(model, "use_gpu") == ["index"]
+    assert _device_ids_values(model, "before_any_rebinding") == ["0", "index"]

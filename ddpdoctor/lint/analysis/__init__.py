@@ -5,6 +5,7 @@
     model      one module: bindings, values per path, loops, calls, functions, guards, and the
                link from a call to a function of another project module (`linked_function`)
     callorder  in which order statements run across a class's methods and the module's helpers
+    reads      where the value a call builds is read, through the one name it is bound to
     harness    test-suite detection
     launch     launch evidence: is this one of several processes; what the launcher's environment says
     ranks      who runs this: all ranks / rank 0 / the others / a subset / single-process only
@@ -22,7 +23,7 @@ from typing import Optional
 
 import libcst as cst
 
-from ddpdoctor.lint.analysis import callorder, devices, harness, launch, ranks, sharding, summaries, syntax
+from ddpdoctor.lint.analysis import callorder, devices, harness, launch, ranks, reads, sharding, summaries, syntax
 from ddpdoctor.lint.analysis.imports import ProjectSources
 from ddpdoctor.lint.analysis.model import (
     MAX_DEPTH,
@@ -43,7 +44,7 @@ __all__ = [
     "MAX_DEPTH", "UNKNOWN", "Assignment", "Call", "Context", "Expr", "Function", "Guard", "Loop",
     "ModuleModel", "ProjectSources", "Route", "Runs", "SubscriptStore", "WhoRuns", "build_analysis",
     "callorder", "contains", "decided_by_guards", "devices", "dotted_name", "harness", "launch", "names_in", "ranks",
-    "route_runs", "sharding", "summaries", "syntax", "walk", "who_runs",
+    "reads", "route_runs", "sharding", "summaries", "syntax", "walk", "who_runs",
 ]
 
 

@@ -88,6 +88,8 @@ class Function:
     returns: list[Expr] = field(default_factory=list)
     generator: bool = False  # it yields: its loops run as the caller draws from it
     calls: list["Call"] = field(default_factory=list)
+    # Names its body declares `global`: its assignments to them rebind the module's variable.
+    global_names: set[str] = field(default_factory=set)
 
 
 @dataclass(eq=False)
@@ -434,6 +436,9 @@ class _Builder:
                 local = dotted_name(alias.asname.name) if alias.asname is not None else name
                 if local:
                     self.model.imports[local] = f"{module}.{name}"
+        elif isinstance(small, cst.Global):
+            if self.function is not None:
+                self.function.global_names.update(item.name.value for item in small.names)
         else:
             self.expr(small)
 
@@ -801,7 +806,8 @@ class ModuleModel:
 
         The last one before `order` in the same function (all of them when it sits in a branch,
         since the other branch may be the one that ran); then the enclosing function and the module
-        for globals/closures; for `self.x`, assignments in any method of the same class.
+        for globals/closures, where a function that rebinds the global through `global x` adds its
+        assignments (it may have run); for `self.x`, assignments in any method of the same class.
         """
         candidates = self.assignments_to(target)
         if not candidates:
@@ -819,17 +825,27 @@ class ModuleModel:
                 return _last_reaching(before)
             return [a for a in in_class if a.function is not function]
         scope: Optional[Function] = function
+        if function is not None and target in function.global_names:
+            # `global x` here: this body's own earlier rebinding decides, else the module's variable.
+            own = [a for a in candidates if a.function is function and a.order < order]
+            if own:
+                return _last_reaching(own)
+            scope = None
         while True:
-            local = [a for a in candidates if a.function is scope]
+            local = [a for a in candidates if a.function is scope and not _binds_global(a)]
             if scope is not function:
                 before = local  # enclosing scope: any assignment may be the one seen at call time
             else:
                 before = [a for a in local if a.order < order]
+            if scope is None:
+                # A function that rebinds the module's variable through `global` (a setter such as
+                # `set_device_index(i)`) may have run before this read: its values reach here too,
+                # beside the module's own (the setter may also never have run).
+                rebound = [a for a in candidates if _binds_global(a)]
+                return (_last_reaching(before) if before else []) + rebound
             if before:
                 return _last_reaching(before)
-            if scope is None:
-                return []
-            if any(a.function is scope for a in candidates):
+            if any(a.function is scope and not _binds_global(a) for a in candidates):
                 return []  # a local that is used before it is assigned: unknowable
             scope = scope.parent
 
@@ -1656,6 +1672,13 @@ def _last_reaching(before: list[Assignment]) -> list[Assignment]:
         if not earlier.ctx.guards:
             break
     return result
+
+
+def _binds_global(assignment: Assignment) -> bool:
+    """An assignment in a function to a name that function declares `global`: it rebinds the
+    module's variable, not a local."""
+    function = assignment.function
+    return function is not None and assignment.target in function.global_names
 
 
 def _class_of(assignment: Assignment) -> Optional[str]:

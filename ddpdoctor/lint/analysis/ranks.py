@@ -30,6 +30,7 @@ from ddpdoctor.lint.analysis.launch import (
     runs_in_module,
 )
 from ddpdoctor.lint.analysis.model import MAX_DEPTH, Assignment, Call, Context, Function, Guard, ModuleModel, Route
+from ddpdoctor.lint.analysis.reads import value_reads
 from ddpdoctor.lint.analysis.syntax import (
     MIRRORED_OPERATORS,
     dotted_name,
@@ -163,6 +164,8 @@ def _rank(
             return "local"
         if last == "rank" or last.endswith("_rank") and last not in ("node_rank", "group_rank", "num_rank", "machine_rank"):
             return "global"
+        if _names_own_device(model, name, function):
+            return "local"
         return None
     kinds: set[Optional[str]] = set()
     for value, v_order, v_function in model.leaf_values(expr, order, function):
@@ -171,6 +174,47 @@ def _rank(
         else:
             kinds.add(recurse(model, value, v_order, v_function, depth + 1))
     return kinds.pop() if len(kinds) == 1 else None
+
+
+def _names_own_device(model: ModuleModel, name: str, function: Optional[Function]) -> bool:
+    """`name` is what the script itself hands DDP as its one device (`device_ids=[name]`) or pins
+    with `torch.cuda.set_device(name)`: the GPU each process trains on, i.e. its local rank as the
+    script means it (`self.gpu_index` passed in by a launcher in another module, which the value
+    following cannot see). A test `name == 0` is then the per-node main process. Read by the same
+    spelling in the same scope: the same function for a plain variable, the same class for a
+    `self.` attribute, the module for any other attribute (`args.gpu`)."""
+    return (name, _spelling_scope(name, function)) in _own_device_names(model)
+
+
+def _own_device_names(model: ModuleModel) -> frozenset[tuple[str, Optional[str]]]:
+    def compute() -> frozenset[tuple[str, Optional[str]]]:
+        out: set[tuple[str, Optional[str]]] = set()
+        for call in model.calls_named(DDP_CLASS, "torch.cuda.set_device"):
+            if call.name == DDP_CLASS:
+                ids = call.arg(1, "device_ids")
+                if not isinstance(ids, (cst.List, cst.Tuple)) or len(ids.elements) != 1:
+                    continue
+                device: Optional[cst.BaseExpression] = ids.elements[0].value
+            else:
+                device = call.arg(0, "device")
+            spelled = dotted_name(device)
+            if spelled is not None:
+                out.add((spelled, _spelling_scope(spelled, call.function)))
+        return frozenset(out)
+
+    return model.memoized(("own_device_names",), compute, frozenset())
+
+
+def _spelling_scope(name: str, function: Optional[Function]) -> Optional[str]:
+    """Where a dotted name means the same thing: its class for `self.x`, its function for a plain
+    variable, the module (None) for other attributes."""
+    if name.startswith("self."):
+        while function is not None and function.klass is None:
+            function = function.parent
+        return f"class {function.klass}" if function is not None else None
+    if "." not in name:
+        return f"function {function.qualname}" if function is not None else None
+    return None
 
 
 def _unpacked_rank(
@@ -818,6 +862,25 @@ def group_created_under_guard(model: ModuleModel, answer: WhoRuns, item: Call) -
         and any(outer is guard for outer in setup.ctx.guards)
         for setup in model.calls_named(*PROCESS_GROUP_CALLS)
     )
+
+
+def who_reads(model: ModuleModel, call: Call) -> WhoRuns:
+    """Which processes use the value `call` builds: who runs each place that reads the name it is
+    bound to (`reads.value_reads`). A preview `DataLoader` built on every rank but drawn from only
+    under `if rank == 0 and epoch % plot_every == 0:` is read on rank 0 only. UNKNOWN when the reads
+    cannot all be found or nothing reads it; ALL when the readers disagree (rank 0 in one place,
+    every rank in another)."""
+    readers = value_reads(model, call)
+    if not readers:
+        return WhoRuns(Runs.UNKNOWN)
+    answers = [who_runs(model, reader) for reader in readers]
+    kinds = {answer.runs for answer in answers}
+    if len(kinds) == 2 and Runs.SINGLE in kinds:
+        kinds.discard(Runs.SINGLE)  # the main process of a distributed run, or the only process
+    if len(kinds) != 1:
+        return WhoRuns(Runs.UNKNOWN if Runs.UNKNOWN in kinds else Runs.ALL)
+    runs = kinds.pop()
+    return next(answer for answer in answers if answer.runs is runs)
 
 
 def route_runs(model: ModuleModel, route: Union[Route, Sequence[Union[Call, Assignment]]], sink: _Located) -> Runs:

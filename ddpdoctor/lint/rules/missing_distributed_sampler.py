@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Optional
 
-from ddpdoctor.lint.analysis import Call, Runs, launch, sharding, who_runs
+from ddpdoctor.lint.analysis import Call, Runs, launch, ranks, sharding, who_runs
 from ddpdoctor.lint.rules.base import Rule
 
 DATA_LOADER = "torch.utils.data.DataLoader"
@@ -42,6 +42,8 @@ class MissingDistributedSampler(Rule):
                 continue
             if who_runs(self.model, loader).runs not in (Runs.ALL, Runs.UNKNOWN):
                 continue
+            if ranks.who_reads(self.model, loader).runs not in (Runs.ALL, Runs.UNKNOWN):
+                continue  # built everywhere, drawn from on rank 0 only: a preview, not the training data
             if self._is_eval_loader(loader) or self._already_sharded(loader):
                 continue
             what = launch.describe(start)
