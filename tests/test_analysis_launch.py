@@ -58,6 +58,7 @@ def scaling(source: str) -> str:
         # through a conversion, a sign or the other side of a conditional, inside a function
         ("def main():\n    lr = args.lr\n    target(float(lr))\nmain()\n", launch.UNSCALED),
         ("def main():\n    lr = args.lr\n    target(-lr)\nmain()\n", launch.UNSCALED),
+        ("def main():\n    target(-load_lr())\nmain()\n", launch.UNKNOWN_SCALING),  # a sign knows no more
         ("def main():\n    lr = args.lr\n    target(0.1 if args.fixed else lr)\nmain()\n", launch.UNSCALED),
         ("def main():\n    lr = load_lr()\n    target(0.1 if args.fixed else lr)\nmain()\n", launch.UNKNOWN_SCALING),
         ("def main():\n    lr = args.lr * 2\n    target(0.1 if args.fixed else lr)\nmain()\n", launch.UNSCALED),

@@ -510,10 +510,25 @@ def kinds_of_argument(source: str) -> tuple[Optional[str], Optional[str]]:
         ("target(args.node_rank)\n", None, None),
         # a rank helper's name (`get_local_rank()`) is trusted by both, unlike a variable's
         ("target(get_local_rank())\n", "local", "local"),
+        # `rank, local = setup()`: the position of the setup helper's returned tuple, followed
+        # into the helper's own variables
+        ('def setup():\n    rank = dist.get_rank()\n    return rank, int(os.environ["LOCAL_RANK"])\n\n'
+         "rank, local = setup()\ntarget(rank)\n", "global", "global"),
     ],
 )
 def test_rank_kind_and_rank_source(source: str, kind: Optional[str], source_kind: Optional[str]) -> None:
     assert kinds_of_argument(source) == (kind, source_kind)
+
+
+def test_rank_source_follows_a_setup_helpers_tuple_into_its_variables() -> None:
+    """`gpu, _ = setup()` where setup returns its local `local = int(os.environ["LOCAL_RANK"])`:
+    the device index is this process's local rank, although nothing is named like a rank.
+    (rank_kind does not follow the unpacking yet: it answers None here.)"""
+    source = (
+        'def setup():\n    local = int(os.environ["LOCAL_RANK"])\n    world = dist.get_world_size()\n'
+        "    return local, world\n\ngpu, _ = setup()\ntarget(gpu)\n"
+    )
+    assert kinds_of_argument(source)[1] == "local"
 
 
 @pytest.mark.parametrize(

@@ -242,6 +242,8 @@ def test_undecodable_file_is_ddp999_at_the_bad_byte(project: Path) -> None:
     assert code == 1
     assert [(f["code"], f["line"], f["column"]) for f in findings] == [("DDP999", 2, 9)]
     assert "utf-8" in findings[0]["message"]
+    # An editor or a SARIF viewer marks the bad byte itself: the region ends where it starts.
+    assert (findings[0]["end_line"], findings[0]["end_column"]) == (2, 9)
 
 
 def test_declared_encoding_is_honoured(project: Path) -> None:

@@ -157,6 +157,27 @@ def main(net):
     return model, synced
 """,
     ),
+    # `DEVICE = f"cuda:{local_rank}"` at the top of the module would raise NameError on import:
+    # the local rank only exists inside main().
+    "DDP003 a module constant names the GPU, the local rank is a local of main()": (
+        "DDP003",
+        """
+import os
+import torch
+import torch.distributed as dist
+
+DEVICE = "cuda:0"
+
+def main():
+    dist.init_process_group("nccl")
+    local_rank = int(os.environ["LOCAL_RANK"])
+    torch.cuda.set_device(local_rank)
+    model = torch.nn.Linear(4, 4).to(DEVICE)
+    return model
+
+main()
+""",
+    ),
 }
 
 SUGGESTED = {

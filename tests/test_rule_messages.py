@@ -307,3 +307,38 @@ def test_hard_coded_output_device_given_by_position() -> None:
         "DDP003",
     )
     assert message.startswith("output_device is given the hard-coded device 0 in a multi-process script")
+
+
+@pytest.mark.parametrize(
+    "setup, named",
+    [
+        ('import torch.distributed as dist\ndist.init_process_group("nccl")', "init_process_group"),
+        ("import horovod.torch as hvd\nhvd.init()", "hvd.init()"),
+        ("import deepspeed\ndeepspeed.init_distributed()", "DeepSpeed"),
+    ],
+)
+def test_dataparallel_inside_a_rank_names_the_process_group_setup(setup: str, named: str) -> None:
+    source = f"import torch\n{setup}\nmodel = torch.nn.DataParallel(net).cuda()\n"
+    (message,) = messages(source, "DP003")
+    assert f"starts a process group ({named} at line 3)" in message
+
+
+def test_unscaled_horovod_lr_says_where_the_variable_came_from() -> None:
+    (message,) = messages(
+        """
+        import argparse
+        import horovod.torch as hvd
+        import torch
+        parser = argparse.ArgumentParser()
+        parser.add_argument("--base-lr", type=float, default=0.1)
+        args = parser.parse_args()
+        hvd.init()
+        lr = args.base_lr
+        optimizer = torch.optim.SGD(model.parameters(), lr=lr)
+        optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters())
+        """,
+        "HVD001",
+    )
+    assert message.startswith(
+        "The optimizer wrapped by hvd.DistributedOptimizer at line 11 uses lr=lr (args.base_lr), not scaled by hvd.size()"
+    )
