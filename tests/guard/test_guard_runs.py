@@ -107,8 +107,17 @@ def test_clean_torchrun_job_is_silent() -> None:
     assert "GRD" not in run.stderr and "ddpdoctor" not in run.stderr
 
 
+# A spawned rank that dies in its C++ teardown, after its last line of Python (a joinable std::thread of
+# torch's destroyed at exit). Seen once in a CI run, with the guard silent; never in 30 local runs of the
+# same job with and without the guard, under load.
+TEARDOWN_ABORT = "terminate called without an active exception"
+
+
 def test_clean_mp_spawn_job_is_silent() -> None:
-    run = run_guard("--every", "1", command=[sys.executable, SCRIPT.format("clean_spawn.py")])
+    command = [sys.executable, SCRIPT.format("clean_spawn.py")]
+    run = run_guard("--every", "1", command=command)
+    if run.returncode != 0 and TEARDOWN_ABORT in run.stderr and run.report["findings"] == []:
+        run = run_guard("--every", "1", command=command)  # once more: a second abort fails the test
     assert run.returncode == 0, run.stderr[-3000:]
     assert run.report["world_size"] == 2 and run.report["findings"] == []
 
