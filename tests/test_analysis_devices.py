@@ -188,3 +188,22 @@ def test_pins_run_by_importing_a_project_module(tmp_path: pathlib.Path) -> None:
     assert pins("import torch\n") == []
     # without a project (standard input, a snippet) nothing is followed
     assert devices.pinned_on_import(build_analysis(cst.parse_module("import gpu\n"))) == []
+
+
+@pytest.mark.parametrize(
+    ("source", "expected"),
+    [
+        ('os.environ["CUDA_VISIBLE_DEVICES"] = str(local_rank)\n', True),
+        # the rank's entry of a configured list, through a variable
+        ('gpus = [4, 5]\ngpu = gpus[local_rank]\nos.environ["CUDA_VISIBLE_DEVICES"] = str(gpu)\n', True),
+        ('os.environ["CUDA_VISIBLE_DEVICES"] = f"{dist.get_rank() % 8}"\n', True),
+        # the same list for every process: each still sees every GPU
+        ('os.environ["CUDA_VISIBLE_DEVICES"] = "0,1,2,3"\n', False),
+        ('ids = ",".join(str(i) for i in range(4))\nos.environ["CUDA_VISIBLE_DEVICES"] = ids\n', False),
+        ('os.environ["OMP_NUM_THREADS"] = str(local_rank)\n', False),
+        ("torch.cuda.set_device(local_rank)\n", False),
+    ],
+)
+def test_one_visible_gpu_per_process(source: str, expected: bool) -> None:
+    model = build_analysis(cst.parse_module(PRELUDE + textwrap.dedent(source)))
+    assert devices.one_visible_gpu_per_process(model) is expected

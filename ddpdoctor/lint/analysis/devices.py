@@ -89,6 +89,34 @@ def visible_devices_writes(model: ModuleModel, within: Optional[Function] = None
     return out
 
 
+def one_visible_gpu_per_process(model: ModuleModel) -> bool:
+    """The script sets `CUDA_VISIBLE_DEVICES` from this process's rank (`str(local_rank)`, or the
+    rank's entry of a configured GPU list): each process then sees one GPU, its own, as `cuda:0`, so
+    what was saved from `cuda:0` comes back on this process's GPU. A constant list (`"0,1,2,3"`)
+    set for every process does not count."""
+    for store in model.subscript_stores:
+        key = store.key
+        if isinstance(key, cst.SimpleString) and key.evaluated_value in VISIBLE_DEVICES_KEYS:
+            if _built_from_rank(model, store.value, store.order, store.ctx.function, 0):
+                return True
+    return False
+
+
+def _built_from_rank(model: ModuleModel, expr: cst.BaseExpression, order: int, function: Optional[Function],
+                     depth: int) -> bool:
+    if depth > MAX_DEPTH:
+        return False
+    for node in walk(expr):
+        if isinstance(node, (cst.Name, cst.Attribute, cst.Call)) and rank_source(model, node, order, function):
+            return True
+    for name in names_in(expr):
+        for assignment in model.reaching_assignments(name, order, function):
+            value = assignment.value
+            if value is not None and _built_from_rank(model, value, assignment.order, assignment.function, depth + 1):
+                return True
+    return False
+
+
 def pinned_on_import(model: ModuleModel) -> list[tuple[ModuleModel, Call]]:
     """The device pins that importing a project module runs: a `model/utils.py` whose top level does
     `torch.cuda.set_device(rank)` when the GPU count is above one, imported here for its `device`

@@ -44,6 +44,8 @@ class LoadWithoutMapLocation(Rule):
             return
         if launch.multiprocess_evidence(model) is None or not devices.uses_cuda(model):
             return
+        if devices.one_visible_gpu_per_process(model):
+            return  # every process's cuda:0 is its own GPU: nothing piles up on one device
         restored = self._restored_loads()
         for load in loads:
             restores = restored.get(id(load), [])
