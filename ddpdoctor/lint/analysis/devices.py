@@ -13,7 +13,7 @@ import libcst as cst
 
 from ddpdoctor.lint.analysis.harness import in_test_case
 from ddpdoctor.lint.analysis.launch import DDP_CLASS, GPU_COUNT, INIT_PROCESS_GROUP, runs_in_module
-from ddpdoctor.lint.analysis.model import MAX_DEPTH, Assignment, Call, Function, ModuleModel
+from ddpdoctor.lint.analysis.model import MAX_DEPTH, Assignment, Call, Function, ModuleModel, mentions
 from ddpdoctor.lint.analysis.ranks import NEGATED_OPERATORS, Runs, rank_source, who_runs
 from ddpdoctor.lint.analysis.syntax import MIRRORED_OPERATORS, dotted_name, literal_int, names_in, walk
 
@@ -97,24 +97,14 @@ def one_visible_gpu_per_process(model: ModuleModel) -> bool:
     for store in model.subscript_stores:
         key = store.key
         if isinstance(key, cst.SimpleString) and key.evaluated_value in VISIBLE_DEVICES_KEYS:
-            if _built_from_rank(model, store.value, store.order, store.ctx.function, 0):
+            if mentions(model, store.value, store.order, store.ctx.function, _from_rank):
                 return True
     return False
 
 
-def _built_from_rank(model: ModuleModel, expr: cst.BaseExpression, order: int, function: Optional[Function],
-                     depth: int) -> bool:
-    if depth > MAX_DEPTH:
-        return False
-    for node in walk(expr):
-        if isinstance(node, (cst.Name, cst.Attribute, cst.Call)) and rank_source(model, node, order, function):
-            return True
-    for name in names_in(expr):
-        for assignment in model.reaching_assignments(name, order, function):
-            value = assignment.value
-            if value is not None and _built_from_rank(model, value, assignment.order, assignment.function, depth + 1):
-                return True
-    return False
+def _from_rank(model: ModuleModel, node: cst.BaseExpression, order: int, function: Optional[Function]) -> bool:
+    # Where the value comes from, never what it is called: `args.gpu` may be a list for every process.
+    return rank_source(model, node, order, function) is not None
 
 
 def pinned_on_import(model: ModuleModel) -> list[tuple[ModuleModel, Call]]:

@@ -1574,6 +1574,39 @@ class ModuleModel:
         return self.module.code_for_node(node)
 
 
+# Whether one expression node (a call, a name, a subscript) is a value of the kind asked about.
+NodeTest = Callable[[ModuleModel, cst.BaseExpression, int, Optional[Function]], bool]
+
+
+def mentions(
+    model: ModuleModel,
+    expr: Optional[cst.CSTNode],
+    order: int,
+    function: Optional[Function],
+    test: NodeTest,
+    depth: int = 0,
+) -> bool:
+    """True when some part of an expression is a value `test` accepts, following variables, `self.`
+    attributes and helper parameters (each value in its own scope): `f"{out}/ckpt_{me}.pt"` with
+    `me = dist.get_rank()` mentions a rank."""
+    if expr is None or depth > MAX_DEPTH:
+        return False
+    stack: list[cst.CSTNode] = [expr]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, (cst.Call, cst.Subscript)) or (isinstance(node, (cst.Name, cst.Attribute)) and dotted_name(node) is not None):
+            assert isinstance(node, (cst.Call, cst.Subscript, cst.Name, cst.Attribute))
+            if test(model, node, order, function):
+                return True
+            if isinstance(node, (cst.Name, cst.Attribute)):
+                for value, v_order, v_function in model.leaf_values(node, order, function):
+                    if value is not node and mentions(model, value, v_order, v_function, test, depth + 1):
+                        return True
+                continue
+        stack.extend(child for child in node.children if not isinstance(child, cst.BaseParenthesizableWhitespace))
+    return False
+
+
 # How many re-export hops inside the project a name is followed through: `from x import *` (a package's
 # `__init__.py` re-exporting its submodules with `*` is the usual one), and for a class also
 # `from .x import Name`.
@@ -1587,19 +1620,17 @@ def _star_exports(project: ProjectSources, path: Path, depth: int) -> dict[str, 
 
     def compute() -> dict[str, str]:
         tree = project.parse(path)
-        table = _import_table(tree)
-        if tree is None or depth >= STAR_CHAIN_DEPTH:
+        if tree is None:
+            return {}
+        imports = _top_level_imports(tree)
+        table = _public_imports(imports)
+        if depth >= STAR_CHAIN_DEPTH:
             return table
-        for statement in tree.body:
-            if not isinstance(statement, cst.SimpleStatementLine):
-                continue
-            for small in statement.body:
-                if isinstance(small, cst.ImportFrom) and isinstance(small.names, cst.ImportStar):
-                    module = dotted_name(small.module) if small.module is not None else None
-                    inner = project.resolve(path, module, len(small.relative))
-                    if inner is not None and inner != path:
-                        for name, target in _star_exports(project, inner, depth + 1).items():
-                            table.setdefault(name, target)
+        for module, level in imports.star_imports:
+            inner = project.resolve(path, module, level)
+            if inner is not None and inner != path:
+                for name, target in _star_exports(project, inner, depth + 1).items():
+                    table.setdefault(name, target)
         return table
 
     try:
@@ -1611,17 +1642,23 @@ def _star_exports(project: ProjectSources, path: Path, depth: int) -> dict[str, 
 def _import_table(tree: Optional[cst.Module]) -> dict[str, str]:
     """The top-level imports of a module (local name -> qualified name): what `from it import *`
     hands on of them."""
-    if tree is None:
-        return {}
+    return _public_imports(_top_level_imports(tree)) if tree is not None else {}
+
+
+def _top_level_imports(tree: cst.Module) -> "ModuleModel":
+    """A model of a module's top-level import statements alone (its `imports` and `star_imports`;
+    nothing else is built, which keeps reading another module's exports cheap)."""
     model = ModuleModel(tree)
     builder = _Builder(model)
     for statement in tree.body:
         if isinstance(statement, cst.SimpleStatementLine):
             for small in statement.body:
-                if isinstance(small, cst.Import):
+                if isinstance(small, (cst.Import, cst.ImportFrom)):
                     builder.small(small, statement)
-                elif isinstance(small, cst.ImportFrom) and not isinstance(small.names, cst.ImportStar):
-                    builder.small(small, statement)
+    return model
+
+
+def _public_imports(model: "ModuleModel") -> dict[str, str]:
     return {name: target for name, target in model.imports.items() if not name.startswith("_")}
 
 

@@ -23,8 +23,8 @@ from typing import Optional
 import libcst as cst
 
 from ddpdoctor.lint.analysis.launch import env_key
-from ddpdoctor.lint.analysis.model import MAX_DEPTH, Call, Function, ModuleModel
-from ddpdoctor.lint.analysis.summaries import mentions, mentions_rank
+from ddpdoctor.lint.analysis.model import MAX_DEPTH, Call, Function, ModuleModel, mentions
+from ddpdoctor.lint.analysis.summaries import mentions_rank
 from ddpdoctor.lint.analysis.syntax import Expr, dotted_name, last_segment, names_in, walk
 
 DATA_LOADER = "torch.utils.data.DataLoader"

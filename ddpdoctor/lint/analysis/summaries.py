@@ -11,11 +11,11 @@ computed on demand and memoised with its module's model.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Optional
+from typing import Optional
 
 import libcst as cst
 
-from ddpdoctor.lint.analysis.model import MAX_DEPTH, Call, Expr, Function, ModuleModel
+from ddpdoctor.lint.analysis.model import Call, Expr, Function, ModuleModel, mentions
 from ddpdoctor.lint.analysis.ranks import decided_by_guards, rank_kind
 from ddpdoctor.lint.analysis.syntax import dotted_name
 
@@ -40,39 +40,6 @@ def argument_for(call: Call, function: Function, param: str) -> Optional[Expr]:
     if function.klass is not None and function.params[0] in ("self", "cls"):
         index -= 1
     return call.arg(index if index >= 0 else None, param)
-
-
-# Whether one expression node (a call, a name, a subscript) is a value of the kind asked about.
-NodeTest = Callable[[ModuleModel, cst.BaseExpression, int, Optional[Function]], bool]
-
-
-def mentions(
-    model: ModuleModel,
-    expr: Optional[cst.CSTNode],
-    order: int,
-    function: Optional[Function],
-    test: NodeTest,
-    depth: int = 0,
-) -> bool:
-    """True when some part of an expression is a value `test` accepts, following variables, `self.`
-    attributes and helper parameters (each value in its own scope): `f"{out}/ckpt_{me}.pt"` with
-    `me = dist.get_rank()` mentions a rank."""
-    if expr is None or depth > MAX_DEPTH:
-        return False
-    stack: list[cst.CSTNode] = [expr]
-    while stack:
-        node = stack.pop()
-        if isinstance(node, (cst.Call, cst.Subscript)) or (isinstance(node, (cst.Name, cst.Attribute)) and dotted_name(node) is not None):
-            assert isinstance(node, (cst.Call, cst.Subscript, cst.Name, cst.Attribute))
-            if test(model, node, order, function):
-                return True
-            if isinstance(node, (cst.Name, cst.Attribute)):
-                for value, v_order, v_function in model.leaf_values(node, order, function):
-                    if value is not node and mentions(model, value, v_order, v_function, test, depth + 1):
-                        return True
-                continue
-        stack.extend(child for child in node.children if not isinstance(child, cst.BaseParenthesizableWhitespace))
-    return False
 
 
 def _is_rank(model: ModuleModel, node: cst.BaseExpression, order: int, function: Optional[Function]) -> bool:

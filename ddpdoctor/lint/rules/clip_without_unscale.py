@@ -48,29 +48,23 @@ def _condition(model: ModuleModel, test: cst.BaseExpression, negated: bool) -> t
     return model.code_of(test), not negated
 
 
-def _same_condition(model: ModuleModel, guard: Guard, other: Guard) -> bool:
-    """Two guards that hold together: one test, or two `if scaler is not None:` checks of one flag
-    that nothing reassigns in between (an accumulation step re-tests the scaler before it clips)."""
+def _agreement(model: ModuleModel, guard: Guard, other: Guard) -> Optional[bool]:
+    """True when two guards hold together, False when they cannot both hold, None when they are not
+    the same condition: one test (its two sides), or two checks of one flag (`if scaler is not None:`
+    and later `if scaler is None:` or `if scaler is not None:` again) that nothing reassigns between."""
     if guard.test is other.test:
         return guard.negated == other.negated
-    return _condition(model, guard.test, guard.negated) == _condition(model, other.test, other.negated) and (
-        _not_reassigned(model, guard.test, guard.order, other.order))
+    text, polarity = _condition(model, guard.test, guard.negated)
+    other_text, other_polarity = _condition(model, other.test, other.negated)
+    if text != other_text or not _not_reassigned(model, guard.test, guard.order, other.order):
+        return None
+    return polarity == other_polarity
 
 
 def exclusive(model: ModuleModel, a: Call, b: Call) -> bool:
     """True when two calls sit in branches whose conditions cannot both hold: the two sides of
     one `if`, or `if args.amp:` ... `if not args.amp:` (the flag is not reassigned in between)."""
-    for guard in a.ctx.guards:
-        for other in b.ctx.guards:
-            if guard.test is other.test:
-                if guard.negated != other.negated:
-                    return True
-                continue
-            text, polarity = _condition(model, guard.test, guard.negated)
-            other_text, other_polarity = _condition(model, other.test, other.negated)
-            if text == other_text and polarity != other_polarity and _not_reassigned(model, guard.test, guard.order, other.order):
-                return True
-    return False
+    return any(_agreement(model, guard, other) is False for guard in a.ctx.guards for other in b.ctx.guards)
 
 
 # Words in a flag that selects the precision mode (`if not args.amp:`, `if use_fp16:`).
@@ -84,7 +78,7 @@ def precision_dependent(model: ModuleModel, clip: Call, backward: Optional[Call]
     Without a backward (a clip inside a helper), any such condition counts."""
     shared = backward.ctx.guards if backward is not None else ()
     for guard in clip.ctx.guards:
-        if any(_same_condition(model, guard, other) for other in shared):
+        if any(_agreement(model, guard, other) for other in shared):
             continue
         for name in names_in(guard.test):
             if any(word in name.rsplit(".", 1)[-1].lower() for word in PRECISION_WORDS):

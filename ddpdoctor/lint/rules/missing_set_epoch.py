@@ -177,10 +177,7 @@ class MissingSetEpoch(Rule):
                 continue
             other, function = linked
             for param in summaries.drawn_params(other, function):
-                argument = summaries.argument_for(call, function, param)
-                if argument is not None and any(
-                    origin in fed for origin in self.model.origin_calls(argument, call.order, call.function)
-                ):
+                if any(origin in fed for origin in self._argument_origins(call, function, param)):
                     out.append((call.node, [call.loops[0]]))
                     break
         return out
@@ -197,13 +194,16 @@ class MissingSetEpoch(Rule):
             return False
         other, function = linked
         for param in summaries.epoch_set_params(other, function):
-            argument = summaries.argument_for(call, function, param)
-            if argument is None:
-                continue
-            origins = self.model.origin_calls(argument, call.order, call.function)
+            origins = self._argument_origins(call, function, param)
             if sampler in origins or any(origin in fed for origin in origins):
                 return True
         return False
+
+    def _argument_origins(self, site: Call, function: Function, param: str) -> list[Call]:
+        """The calls that may have produced what `site` passes for `function`'s parameter `param`
+        (none when it passes nothing for it, or nothing traceable)."""
+        argument = summaries.argument_for(site, function, param)
+        return self.model.origin_calls(argument, site.order, site.function) if argument is not None else []
 
     def _fix(self, sampler: Call, epoch_loop: Loop) -> Optional[Fix]:
         """Insert `<sampler>.set_epoch(<epoch>)` as the epoch loop's first statement.
@@ -305,8 +305,8 @@ class MissingSetEpoch(Rule):
         sites = self.model.call_sites(function)
         if inner.iter is None:
             return sites
-        params = {summaries.param_name(self.model, function, e) for e in self.model.iterated_exprs(inner.iter)}
-        params.discard(None)
+        named = (summaries.param_name(self.model, function, e) for e in self.model.iterated_exprs(inner.iter))
+        params = {name for name in named if name is not None}
         if not params:
             return sites
         kept = []
@@ -314,9 +314,7 @@ class MissingSetEpoch(Rule):
             origins: list[Call] = []
             traced = True
             for param in params:
-                assert param is not None
-                argument = summaries.argument_for(site, function, param)
-                found = self.model.origin_calls(argument, site.order, site.function) if argument is not None else []
+                found = self._argument_origins(site, function, param)
                 traced = traced and bool(found)
                 origins.extend(found)
             if not traced or any(origin in fed for origin in origins):
