@@ -202,6 +202,9 @@ def test_pins_run_by_importing_a_project_module(tmp_path: pathlib.Path) -> None:
         ('ids = ",".join(str(i) for i in range(4))\nos.environ["CUDA_VISIBLE_DEVICES"] = ids\n', False),
         ('os.environ["OMP_NUM_THREADS"] = str(local_rank)\n', False),
         ("torch.cuda.set_device(local_rank)\n", False),
+        # inside a setup function, from a variable of that function
+        ('def pin():\n    mine = int(os.environ["LOCAL_RANK"])\n    os.environ["CUDA_VISIBLE_DEVICES"] = str(mine)\n'
+         "pin()\n", True),
     ],
 )
 def test_one_visible_gpu_per_process(source: str, expected: bool) -> None:
