@@ -190,6 +190,33 @@ def test_pins_run_by_importing_a_project_module(tmp_path: pathlib.Path) -> None:
     assert devices.pinned_on_import(build_analysis(cst.parse_module("import gpu\n"))) == []
 
 
+def test_visible_devices_set_by_a_called_project_helper(tmp_path: pathlib.Path) -> None:
+    from ddpdoctor.lint.analysis import ProjectSources
+
+    (tmp_path / "hardware.py").write_text(
+        "import os\nimport torch\n"
+        "def narrow(spec):\n    os.environ['CUDA_VISIBLE_DEVICES'] = spec\n"
+        "def name(index):\n    return torch.cuda.get_device_name(index)\n"
+    )
+    project = ProjectSources.for_paths([tmp_path])
+
+    def narrowed(source: str) -> bool:
+        main = tmp_path / f"train_{len(list(tmp_path.iterdir()))}.py"  # a new file: the project caches parses
+        main.write_text(source)
+        model = build_analysis(cst.parse_module(source), str(main), project=project)
+        return devices.visible_devices_set_by_project_helper(model)
+
+    assert narrowed("from hardware import narrow\nnarrow(args.gpu)\n") is True
+    assert narrowed("import hardware\ndef main():\n    hardware.narrow(args.gpu)\nmain()\n") is True
+    # a helper that only reads the hardware, or one imported and never called, narrows nothing
+    assert narrowed("from hardware import name\nname(0)\n") is False
+    assert narrowed("from hardware import narrow\n") is False
+    # a call in a script's helper that nothing runs
+    assert narrowed("from hardware import narrow\ndef unused():\n    narrow('0')\nif __name__ == '__main__':\n    pass\n") is False
+    # without a project nothing is followed
+    assert devices.visible_devices_set_by_project_helper(build_analysis(cst.parse_module("from hardware import narrow\nnarrow('0')\n"))) is False
+
+
 @pytest.mark.parametrize(
     ("source", "expected"),
     [

@@ -4,6 +4,8 @@
     imports    the project's own modules: import resolution, lazy parsing (ProjectSources)
     model      one module: bindings, values per path, loops, calls, functions, guards, and the
                link from a call to a function of another project module (`linked_function`)
+    conditions whether two branch conditions are one test, opposite tests or unrelated, also across
+               a call (the callee's test of a parameter read as the caller's test of the argument)
     callorder  in which order statements run across a class's methods and the module's helpers
     reads      where the value a call builds is read, through the one name it is bound to
     harness    test-suite detection
@@ -23,7 +25,7 @@ from typing import Optional
 
 import libcst as cst
 
-from ddpdoctor.lint.analysis import callorder, devices, harness, launch, ranks, reads, sharding, summaries, syntax
+from ddpdoctor.lint.analysis import callorder, conditions, devices, harness, launch, ranks, reads, sharding, summaries, syntax
 from ddpdoctor.lint.analysis.imports import ProjectSources
 from ddpdoctor.lint.analysis.model import (
     MAX_DEPTH,
@@ -37,14 +39,14 @@ from ddpdoctor.lint.analysis.model import (
     Route,
     SubscriptStore,
 )
-from ddpdoctor.lint.analysis.ranks import Runs, WhoRuns, decided_by_guards, route_runs, who_runs
+from ddpdoctor.lint.analysis.ranks import Runs, WhoRuns, decided_by_guards, reaches_several_processes, route_runs, who_runs
 from ddpdoctor.lint.analysis.syntax import UNKNOWN, Expr, contains, dotted_name, names_in, walk
 
 __all__ = [
     "MAX_DEPTH", "UNKNOWN", "Assignment", "Call", "Context", "Expr", "Function", "Guard", "Loop",
     "ModuleModel", "ProjectSources", "Route", "Runs", "SubscriptStore", "WhoRuns", "build_analysis",
-    "callorder", "contains", "decided_by_guards", "devices", "dotted_name", "harness", "launch", "names_in", "ranks",
-    "reads", "route_runs", "sharding", "summaries", "syntax", "walk", "who_runs",
+    "callorder", "conditions", "contains", "decided_by_guards", "devices", "dotted_name", "harness", "launch", "names_in", "ranks",
+    "reaches_several_processes", "reads", "route_runs", "sharding", "summaries", "syntax", "walk", "who_runs",
 ]
 
 

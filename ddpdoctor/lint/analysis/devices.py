@@ -89,6 +89,25 @@ def visible_devices_writes(model: ModuleModel, within: Optional[Function] = None
     return out
 
 
+def visible_devices_set_by_project_helper(model: ModuleModel) -> bool:
+    """A function of another project module that this script calls (where the call runs) sets
+    `CUDA_VISIBLE_DEVICES` in its own body: a `select_device(opt.device)` or `restrict_to_gpu(gpu)`
+    helper in `utils/`. The same narrowing as the script's own write (`visible_devices_writes`),
+    one call away. One level: the helper's own body, not what it calls in turn."""
+
+    def compute() -> bool:
+        for call in model.calls:
+            # Cheap tests first: linking reads and parses the other module.
+            if (call.name or "").startswith("torch.") or not runs_in_module(model, call.function):
+                continue
+            linked = model.linked_function(call)
+            if linked is not None and visible_devices_writes(*linked):
+                return True
+        return False
+
+    return model.memoized(("visible_devices_set_by_project_helper",), compute, False)
+
+
 def one_visible_gpu_per_process(model: ModuleModel) -> bool:
     """The script sets `CUDA_VISIBLE_DEVICES` from this process's rank (`str(local_rank)`, or the
     rank's entry of a configured GPU list): each process then sees one GPU, its own, as `cuda:0`, so

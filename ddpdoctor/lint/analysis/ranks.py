@@ -12,10 +12,12 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass
-from typing import Callable, Optional, Protocol, Sequence, Union
+from typing import Callable, Optional, Sequence, Union
 
 import libcst as cst
 
+from ddpdoctor.lint.analysis.conditions import Located as _Located
+from ddpdoctor.lint.analysis.conditions import route_reaches, site_reaches
 from ddpdoctor.lint.analysis.launch import (
     DDP_CLASS,
     DEEPSPEED_INIT_CALLS,
@@ -709,14 +711,6 @@ class WhoRuns:
         return self.runs in (Runs.RANK0, Runs.NONZERO, Runs.SUBSET)
 
 
-class _Located(Protocol):
-    @property
-    def ctx(self) -> Context: ...
-
-    @property
-    def function(self) -> Optional[Function]: ...
-
-
 # Counters that are routinely compared with zero (`if epoch % 10 == 0`, `if step == 0`): not ranks.
 _COUNTER_WORDS = ("epoch", "step", "iter", "batch", "idx", "count", "len", "num", "size")
 
@@ -746,7 +740,7 @@ def _who_runs(model: ModuleModel, item: _Located) -> WhoRuns:
         return WhoRuns(Runs.ALL)
     answers: list[tuple[Call, WhoRuns]] = []
     for site in model.callers(function):
-        if site.function is not function and _site_reaches(model, site, function, item.ctx.guards):
+        if site.function is not function and site_reaches(model, site, function, item.ctx.guards):
             answer = _memo_who_runs(model, site)
             if answer is not None:
                 answers.append((site, answer))
@@ -768,27 +762,6 @@ def _who_runs(model: ModuleModel, item: _Located) -> WhoRuns:
     runs = kinds.pop()
     site, answer = next((s, a) for s, a in answers if a.runs is runs)
     return WhoRuns(runs, answer.guard, site)
-
-
-def _site_reaches(model: ModuleModel, site: Call, function: Function, guards: Sequence[Guard]) -> bool:
-    """False when a call site of `function` cannot get to the statement under `guards`: a branch in
-    the function tests a flag parameter (`if save_cur:`, `elif not final:`) that this site fixes with
-    a literal, or leaves at a literal default, that takes the other way. `save_checkpoint(...,
-    save_cur=True)` called on every rank never reaches the `else` save of the periodic checkpoint."""
-    for guard in guards:
-        if guard.function is not function:
-            continue
-        test, holds_when = guard.test, not guard.negated
-        while isinstance(test, cst.UnaryOperation) and isinstance(test.operator, cst.Not):
-            test, holds_when = test.expression, not holds_when
-        if not isinstance(test, cst.Name) or test.value not in function.params:
-            continue
-        if any(a.kind != "param" for a in model.reaching_assignments(test.value, guard.order, function)):
-            continue  # rebound in the body: the test no longer reads the argument
-        passed = _bool_literal(model.argument_at(site, function, test.value))
-        if passed is not None and passed is not holds_when:
-            return False
-    return True
 
 
 def decided_by_guards(model: ModuleModel, guards: Sequence[Guard], depth: int = 0) -> Optional[WhoRuns]:
@@ -893,6 +866,13 @@ def route_runs(model: ModuleModel, route: Union[Route, Sequence[Union[Call, Assi
         if narrow in answers:
             return narrow
     return Runs.ALL
+
+
+def reaches_several_processes(model: ModuleModel, route: Union[Route, Sequence[Union[Call, Assignment]]], sink: _Located) -> bool:
+    """The value can arrive at `sink` along this path where more than one process runs it: the path
+    can happen at all (`conditions.route_reaches`: no call site on it sits under a condition that
+    rules out the sink's branch) and it is not narrowed to rank 0 or to a single-process run."""
+    return route_reaches(model, route, sink) and route_runs(model, route, sink) not in (Runs.RANK0, Runs.SINGLE)
 
 
 # ------------------------------------------------------------- which rank a condition tests

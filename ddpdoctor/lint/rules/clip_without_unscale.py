@@ -7,7 +7,7 @@ from typing import Optional
 import libcst as cst
 
 from ddpdoctor.findings import Fix
-from ddpdoctor.lint.analysis import Call, Function, Guard, ModuleModel, dotted_name, names_in, summaries
+from ddpdoctor.lint.analysis import Call, Function, ModuleModel, conditions, dotted_name, names_in, summaries
 from ddpdoctor.lint.rules.base import Rule
 
 CLIPS = tuple(sorted(summaries.CLIPS))
@@ -33,40 +33,6 @@ def scaled_backward_scaler(model: ModuleModel, call: Call) -> Optional[str]:
     return None
 
 
-def _condition(model: ModuleModel, test: cst.BaseExpression, negated: bool) -> tuple[str, bool]:
-    """A branch condition as (text, polarity), with `not x` and `x is None` folded into the
-    polarity of `x` / `x is not None`, so that `if scaler is not None:` and a later
-    `if scaler is None:` are recognised as opposite conditions."""
-    while isinstance(test, cst.UnaryOperation) and isinstance(test.operator, cst.Not):
-        test, negated = test.expression, not negated
-    if isinstance(test, cst.Comparison) and len(test.comparisons) == 1:
-        target = test.comparisons[0]
-        if isinstance(target.operator, cst.Is):
-            return f"{model.code_of(test.left)} is not {model.code_of(target.comparator)}", negated
-        if isinstance(target.operator, cst.IsNot):
-            return f"{model.code_of(test.left)} is not {model.code_of(target.comparator)}", not negated
-    return model.code_of(test), not negated
-
-
-def _agreement(model: ModuleModel, guard: Guard, other: Guard) -> Optional[bool]:
-    """True when two guards hold together, False when they cannot both hold, None when they are not
-    the same condition: one test (its two sides), or two checks of one flag (`if scaler is not None:`
-    and later `if scaler is None:` or `if scaler is not None:` again) that nothing reassigns between."""
-    if guard.test is other.test:
-        return guard.negated == other.negated
-    text, polarity = _condition(model, guard.test, guard.negated)
-    other_text, other_polarity = _condition(model, other.test, other.negated)
-    if text != other_text or not _not_reassigned(model, guard.test, guard.order, other.order):
-        return None
-    return polarity == other_polarity
-
-
-def exclusive(model: ModuleModel, a: Call, b: Call) -> bool:
-    """True when two calls sit in branches whose conditions cannot both hold: the two sides of
-    one `if`, or `if args.amp:` ... `if not args.amp:` (the flag is not reassigned in between)."""
-    return any(_agreement(model, guard, other) is False for guard in a.ctx.guards for other in b.ctx.guards)
-
-
 # Words in a flag that selects the precision mode (`if not args.amp:`, `if use_fp16:`).
 PRECISION_WORDS = ("amp", "fp16", "float16", "half", "scaler", "precision", "bf16", "dtype", "mixed")
 
@@ -78,21 +44,12 @@ def precision_dependent(model: ModuleModel, clip: Call, backward: Optional[Call]
     Without a backward (a clip inside a helper), any such condition counts."""
     shared = backward.ctx.guards if backward is not None else ()
     for guard in clip.ctx.guards:
-        if any(_agreement(model, guard, other) for other in shared):
+        if any(conditions.agreement(model, guard, other) for other in shared):
             continue
         for name in names_in(guard.test):
             if any(word in name.rsplit(".", 1)[-1].lower() for word in PRECISION_WORDS):
                 return True
     return False
-
-
-def _not_reassigned(model: ModuleModel, test: cst.BaseExpression, start: int, end: int) -> bool:
-    """No name read by the condition is assigned between the two checks."""
-    low, high = min(start, end), max(start, end)
-    for name in names_in(test):
-        if any(low < a.order < high for a in model.assignments_to(name)):
-            return False
-    return True
 
 
 class ClipWithoutUnscale(Rule):
@@ -121,7 +78,7 @@ class ClipWithoutUnscale(Rule):
             written = f"{clip.dotted or clip.name}()"
             if clip.dotted != clip.name and clip.dotted is not None and not (clip.name or "").endswith("." + clip.dotted):
                 written += f" ({clip.name})"
-            between = [c for c in calls if backward.order < c.order < clip.order and not exclusive(self.model, c, clip)]
+            between = [c for c in calls if backward.order < c.order < clip.order and not conditions.exclusive(self.model, c, clip)]
             stepped = [c for c in between if c.attr == "step" and c.receiver is not None
                        and (dotted_name(c.receiver) or self.model.code_of(c.receiver)) == scaler]
             if stepped:
@@ -161,7 +118,7 @@ class ClipWithoutUnscale(Rule):
             if call.order >= at.order:
                 break
             found = scaled_backward_scaler(self.model, call)
-            if found is not None and not exclusive(self.model, call, at):
+            if found is not None and not conditions.exclusive(self.model, call, at):
                 backward, scaler = call, found
         return backward, scaler
 
@@ -180,7 +137,7 @@ class ClipWithoutUnscale(Rule):
             backward, scaler = self._scaled_backward_before(call, calls)
             if backward is None or scaler is None or precision_dependent(self.model, call, backward):
                 continue
-            between = [c for c in calls if backward.order < c.order < call.order and not exclusive(self.model, c, call)]
+            between = [c for c in calls if backward.order < c.order < call.order and not conditions.exclusive(self.model, c, call)]
             if any(self._unscales(c) for c in between) or any(self._steps(c, scaler) for c in between):
                 continue  # unscaled already, or the step (which unscales) has been taken: another story
             where = "" if other is self.model else f" of {other.shown_path}"
@@ -227,7 +184,7 @@ class ClipWithoutUnscale(Rule):
             c for c in calls
             if c.order > clip.order and c.attr == "step" and c.receiver is not None
             and (dotted_name(c.receiver) or self.model.code_of(c.receiver)) == scaler
-            and not exclusive(self.model, c, clip)
+            and not conditions.exclusive(self.model, c, clip)
         ]
         optimizers = {dotted_name(c.arg(0, "optimizer")) for c in steps}
         if len(optimizers) != 1 or None in optimizers:

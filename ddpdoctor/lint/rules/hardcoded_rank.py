@@ -8,7 +8,7 @@ import libcst as cst
 
 from ddpdoctor.findings import Fix
 from ddpdoctor.lint.analysis import devices, launch, ranks
-from ddpdoctor.lint.analysis import Call, Context, ModuleModel, Runs, route_runs, who_runs
+from ddpdoctor.lint.analysis import Call, Context, ModuleModel, Runs, reaches_several_processes, who_runs
 from ddpdoctor.lint.rules.base import Rule
 
 # Device strings that name no GPU: a literal GPU index on one arm of `"cuda:0" if ok else "cpu"`
@@ -43,7 +43,7 @@ class HardcodedRank(Rule):
         if evidence is None:
             return
         self.check_init_ranks()
-        if devices.visible_devices_writes(self.model):
+        if devices.visible_devices_writes(self.model) or devices.visible_devices_set_by_project_helper(self.model):
             # Each process is shown only its own GPU, which it then finds at index 0.
             return
         self.check_devices(evidence)
@@ -60,7 +60,7 @@ class HardcodedRank(Rule):
                 continue  # `if is_master: init_process_group(..., rank=0)` is right
             literals: set[int] = set()
             for route in model.routes(rank_expr, call.order, call.function):
-                if route_runs(model, route, call) in (Runs.RANK0, Runs.SINGLE):
+                if not reaches_several_processes(model, route, call):
                     continue  # `rank=0` passed only on the single-process path
                 if not isinstance(route.value, cst.Integer):
                     break
@@ -116,7 +116,9 @@ class HardcodedRank(Rule):
             indices = devices.device_indices(model, argument.expr, call.order, call.function, argument.ints)
             # Only the values that reach this call on a path where several processes run it: `gpu = 0`
             # in the single-process `else:` (or a call site under rank 0) is not a multi-process bug.
-            live = [i for i in indices if route_runs(model, i.via, call) not in (Runs.RANK0, Runs.SINGLE)]
+            # `main(0, args)` in the `else:` of `if args.nodes > 1:` never reaches a `set_device(gpu)`
+            # that `main` runs only under `if args.nodes > 1:` either.
+            live = [i for i in indices if reaches_several_processes(model, i.via, call)]
             # GPU 0 under `if torch.cuda.device_count() == 1:` is the only device: sharing it is the point.
             live = [i for i in live if not devices.names_the_only_gpu(model, i, call)]
             literals = [i for i in live if i.kind == "literal"]
