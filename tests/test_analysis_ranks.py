@@ -548,3 +548,48 @@ def test_rank_source_follows_a_setup_helpers_tuple_into_its_variables() -> None:
 )
 def test_a_helper_called_on_both_sides_of_one_test_runs_everywhere(source: str, expected: Runs) -> None:
     assert runs(source) is expected
+
+
+@pytest.mark.parametrize(
+    ("condition", "kinds"),
+    [
+        ("rank == 0", {"global"}),
+        # a counter beside the rank test says nothing about which rank
+        ("rank == 0 and epoch % save_every == 0", {"global"}),
+        ("epoch % save_every == 0 and rank == 0", {"global"}),
+        ("local_rank == 0 and epoch % save_every == 0", {"local"}),
+        # the rank reduced modulo the GPU count is the first process of each node
+        ("rank % ngpus_per_node == 0", {"local"}),
+    ],
+)
+def test_rank_kinds_read_only_the_rank_part_of_a_condition(condition: str, kinds: set[str]) -> None:
+    from ddpdoctor.lint.analysis.ranks import guard_rank_kinds
+
+    source = (
+        "rank = dist.get_rank()\nlocal_rank = int(os.environ['LOCAL_RANK'])\n"
+        f"if {condition}:\n    target()\n"
+    )
+    model = build_analysis(cst.parse_module(PRELUDE + source))
+    (call,) = [c for c in model.calls if c.dotted == "target"]
+    answer = who_runs(model, call)
+    assert answer.runs is Runs.RANK0 and answer.guard is not None
+    assert guard_rank_kinds(model, answer.guard) == kinds
+
+
+@pytest.mark.parametrize(
+    ("source", "expected"),
+    [
+        ("if dist.get_rank() == 0:\n    target()\n", True),
+        # a helper called only there
+        ("def evaluate():\n    target()\nrank = dist.get_rank()\nif rank == 0 and step % 10 == 0:\n    evaluate()\n", True),
+        # once per node, not once per job
+        ("if int(os.environ['LOCAL_RANK']) == 0:\n    target()\n", False),
+        ("if dist.get_rank() % 8 == 0:\n    target()\n", False),
+        ("target()\n", False),
+        ("if dist.get_rank() != 0:\n    target()\n", False),
+    ],
+)
+def test_runs_on_global_rank0_only(source: str, expected: bool) -> None:
+    model = build_analysis(cst.parse_module(PRELUDE + source))
+    (call,) = [c for c in model.calls if c.dotted == "target"]
+    assert ranks.runs_on_global_rank0_only(model, call) is expected

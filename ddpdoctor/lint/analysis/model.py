@@ -1438,6 +1438,27 @@ class ModuleModel:
         found = self.memoized(key, lambda: self._linked_function(call), None)
         return found
 
+    def linked_method(self, call: Call) -> Optional[tuple["ModuleModel", Function, Call]]:
+        """`trainer.train_epoch(...)` where `trainer` was built here by `Trainer(...)`, a class that
+        another project module defines: that module's model, the method (defined in the class's own
+        body; an inherited one is not followed), and the constructor call. None otherwise."""
+        if self.project is None or call.attr is None or call.receiver is None:
+            return None
+        return self.memoized(("linked_method", id(call)), lambda: self._linked_method(call), None)
+
+    def _linked_method(self, call: Call) -> Optional[tuple["ModuleModel", Function, Call]]:
+        assert call.receiver is not None
+        for origin in self.origin_calls(call.receiver, call.order, call.function):
+            written = dotted_name(origin.node.func)
+            found = self.project_class(written) if written is not None else None
+            if found is None or found[0] is self:
+                continue
+            other, klass = found
+            for method in other.class_methods(klass):
+                if method.name == call.attr:
+                    return other, method, origin
+        return None
+
     def _linked_function(self, call: Call) -> Optional[tuple["ModuleModel", Function]]:
         written = dotted_name(call.node.func)
         if written is None:

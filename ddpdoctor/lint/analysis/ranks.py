@@ -957,11 +957,15 @@ def _rank_kinds(model: ModuleModel, test: cst.BaseExpression, order: int, functi
         for side in flatten_boolean(test):
             if is_single_process_test(model, side) or is_single_process_test(model, side, True):
                 continue
+            if classify_rank_test(model, side, order, function, depth=depth + 1) is None and not _looks_like_rank_test(side):
+                continue  # `epoch % save_every == 0` beside `rank == 0`: no rank in it
             out |= _rank_kinds(model, side, order, function, depth + 1)
         return frozenset(out)
     if isinstance(test, cst.Comparison) and len(test.comparisons) == 1:
         left = test.left if not isinstance(test.left, cst.Integer) else test.comparisons[0].comparator
         if isinstance(left, cst.BinaryOperation) and isinstance(left.operator, cst.Modulo):
+            if rank_kind(model, left.left, order, function) is None:
+                return frozenset({"unknown"})  # `step % k == 0`: a counter, not a rank
             return frozenset({"local"})  # `args.rank % ngpus_per_node == 0`: the first process of each node
         kind = rank_kind(model, left, order, function)
         if kind is None:
@@ -1078,6 +1082,29 @@ def local_rank_expression(model: ModuleModel, order: int, ctx: Context) -> Optio
     return None
 
 
+def _tests_more_than_the_rank(model: ModuleModel, guard: Guard) -> bool:
+    """`if rank == 0 and epoch % save_every == 0:` also tests a counter: it is not the script's
+    test for "this is the main process", however it reads the rank."""
+    if not isinstance(guard.test, cst.BooleanOperation):
+        return False
+    return any(
+        classify_rank_test(model, side, guard.order, guard.function) is None
+        and not is_single_process_test(model, side)
+        and not is_single_process_test(model, side, True)
+        for side in flatten_boolean(guard.test)
+    )
+
+
+def runs_on_global_rank0_only(model: ModuleModel, item: _Located) -> bool:
+    """Only global rank 0 runs `item`: it sits under a test of the global rank (`if dist.get_rank()
+    == 0:`, `if rank == 0 and epoch % k == 0:`), or in a helper called only there. Launchers give
+    global rank 0 to the first process of the first node, whose local rank is 0 as well, so there
+    the global rank is also the right GPU index. A test of the local rank (`if local_rank == 0:`,
+    true once per node) does not count."""
+    answer = who_runs(model, item)
+    return answer.runs is Runs.RANK0 and answer.guard is not None and guard_rank_kinds(model, answer.guard) == frozenset({"global"})
+
+
 def main_process_test(model: ModuleModel, at: Call) -> Optional[str]:
     """The script's own test for "this is the main process" (global rank 0), as written at one of
     its rank-0 branches, when the same text means the same thing at `at`: every name it reads is a
@@ -1090,7 +1117,7 @@ def main_process_test(model: ModuleModel, at: Call) -> Optional[str]:
         guard = answer.guard
         if answer.runs is not Runs.RANK0 or guard is None or guard.negated or answer.via is not None:
             continue
-        if guard_rank_kinds(model, guard) != frozenset({"global"}):
+        if guard_rank_kinds(model, guard) != frozenset({"global"}) or _tests_more_than_the_rank(model, guard):
             continue
         if flag_raising_guards(model, guard.test, guard.order, guard.function):
             continue  # a flag raised under `rank == 0` may stay False in the single-process run

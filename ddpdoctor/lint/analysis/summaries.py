@@ -89,6 +89,54 @@ def drawn_params(model: ModuleModel, function: Function) -> dict[str, Call]:
     return out
 
 
+def drawn_attributes(model: ModuleModel, method: Function) -> dict[str, Call]:
+    """The `self.` attributes a training loop in `method` draws its batches from (`for batch in
+    self.train_loader:` with a backward in the loop), each with that backward; also in the methods of
+    its class that it calls on `self` (one level: `self._run_batches()`)."""
+    out: dict[str, Call] = {}
+    methods = [method] + [
+        helper
+        for call in method.calls
+        if call.receiver is not None and dotted_name(call.receiver) == "self"
+        for helper in model.class_methods(method.klass or "")
+        if helper.name == call.attr and helper is not method
+    ]
+    for loop in model.loops:
+        if loop.function not in methods or loop.iter is None:
+            continue
+        backward = next((c for c in model.calls_within(loop, depth=2) if c.attr == "backward"), None)
+        if backward is None:
+            continue
+        for iterated in model.iterated_exprs(loop.iter):
+            name = dotted_name(iterated)
+            if name is not None and name.startswith("self.") and name.count(".") == 1:
+                out.setdefault(name, backward)
+    return out
+
+
+def constructor_stores(model: ModuleModel, klass: str) -> dict[str, str]:
+    """The `self.` attributes a class's `__init__` sets to one of its parameters as given
+    (`self.train_loader = train_dl`), attribute -> parameter, leaving out any attribute that another
+    method (or `__init__` itself, again) also assigns: it may not hold the argument when it is read."""
+    init = next((f for f in model.class_methods(klass) if f.name == "__init__"), None)
+    if init is None:
+        return {}
+    out: dict[str, str] = {}
+    for assignment in model.assignments:
+        if assignment.function is not init or assignment.kind != "assign" or not assignment.target.startswith("self."):
+            continue
+        param = param_name(model, init, assignment.value)
+        if param is not None and len(model.assignments_to(assignment.target)) == 1:
+            out[assignment.target] = param
+    return out
+
+
+def class_sets_epoch(model: ModuleModel, klass: str) -> bool:
+    """Some method of the class calls `set_epoch` on something: whichever sampler it reseeds, its
+    caller cannot tell it is not the one it handed over."""
+    return any(call.attr == "set_epoch" for method in model.class_methods(klass) for call in method.calls)
+
+
 def epoch_set_params(model: ModuleModel, function: Function) -> set[str]:
     """The parameters `function` calls `set_epoch` on: `p.set_epoch(e)`, `p.sampler.set_epoch(e)`."""
     out: set[str] = set()

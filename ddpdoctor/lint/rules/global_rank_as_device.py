@@ -42,6 +42,8 @@ class GlobalRankAsDevice(Rule):
             call = argument.call
             if launch.dead_in_script(model, call.function):
                 continue  # a helper the script no longer calls
+            if ranks.runs_on_global_rank0_only(model, call):
+                continue  # global rank 0 is local rank 0 of the first node: the index is its own GPU
             indices = devices.device_indices(model, argument.expr, call.order, call.function, argument.ints)
             computed = [i for i in indices if i.kind == "expr"]
             if not computed:
