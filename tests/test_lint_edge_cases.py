@@ -105,6 +105,8 @@ TORCHRUN = """
         ("model = DDP(net.cuda(local_rank), device_ids=[0])", "device_ids"),
         ("model = DDP(net.cuda(device=0), device_ids=[local_rank])", ".cuda()"),
         ("model = DDP(net.to(device=0), device_ids=[local_rank])", ".to()"),
+        # the index inside torch.device(...) reached from the .to() that uses it: named by that use
+        ("model = DDP(net.to(torch.device(0)), device_ids=[local_rank])", ".to()"),
     ],
 )
 def test_hard_coded_device_message_names_the_argument_it_is_given_to(use: str, where: str) -> None:
