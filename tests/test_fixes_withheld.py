@@ -47,6 +47,16 @@ if True: hvd.init()
 model = torch.nn.Linear(2, 2).cuda()
 """,
     ),
+    "HVD003 torch not imported as a module: nothing here spells torch.cuda.set_device": (
+        "HVD003",
+        """
+import horovod.torch as hvd
+from torch.nn import Linear
+
+hvd.init()
+model = Linear(2, 2).cuda()
+""",
+    ),
     "AMP002 the scaler steps two optimizers after the clip": (
         "AMP002",
         """

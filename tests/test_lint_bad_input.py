@@ -218,6 +218,7 @@ def _entry(text: str, change: "object") -> str:
         lambda text: _entry(text, lambda v: v[1][0].update(line=3, end_line=2)),
         lambda text: _entry(text, lambda v: v[1][0].__setitem__("code", "XYZ123")),
         lambda text: _entry(text, lambda v: v[1][0].__setitem__("code", "DDP002")),
+        lambda text: _entry(text, lambda v: v[1][0].update(code="DDP002", name="syncbn-after-ddp")),
         lambda text: _entry(text, lambda v: v[1][0].__setitem__("line", "2")),
         lambda text: _entry(text, lambda v: v[1][0].__setitem__("severity", "fatal")),
         lambda text: _entry(text, lambda v: v.append("extra")),
@@ -227,7 +228,7 @@ def _entry(text: str, change: "object") -> str:
     ],
     ids=[
         "deep-nesting", "wrong-entry-shape", "not-an-object", "findings-not-a-list", "impossible-line",
-        "line-after-end", "unknown-code", "code-not-selected", "line-not-int", "bad-severity", "extra-field",
+        "line-after-end", "unknown-code", "code-not-selected", "code-and-name-not-selected", "line-not-int", "bad-severity", "extra-field",
         "fix-column-zero", "fix-past-the-end", "fix-content-not-text",
     ],
 )
