@@ -66,6 +66,10 @@ else:
         ("cfg.machines = 2\n    if cfg.machines > 1:\n        target()", "worker(0, cfg)", True),
         # the test reads a local of the callee, which the caller cannot see
         ("machines = cfg.machines\n    if machines > 1:\n        target()", "worker(0, cfg)", True),
+        # an attribute the callee assigns, even after the test (a loop may bring it round again)
+        ("if cfg.machines > 1:\n        target()\n    cfg.machines = 1", "worker(0, cfg)", True),
+        # a conjunction is compared whole: the caller ruling out one part proves nothing here
+        ("if cfg.machines > 1 and torch.cuda.is_available():\n        target()", "worker(0, cfg)", True),
     ],
 )
 def test_a_call_site_under_the_opposite_of_the_callees_test_does_not_reach_it(body: str, call: str, reaches: bool) -> None:

@@ -207,6 +207,8 @@ def test_visible_devices_set_by_a_called_project_helper(tmp_path: pathlib.Path) 
         return devices.visible_devices_set_by_project_helper(model)
 
     assert narrowed("from hardware import narrow\nnarrow(args.gpu)\n") is True
+    # torch's own calls before it are passed over, not the end of the search
+    assert narrowed("import torch\nfrom hardware import narrow\ntorch.manual_seed(0)\nnarrow(args.gpu)\n") is True
     assert narrowed("import hardware\ndef main():\n    hardware.narrow(args.gpu)\nmain()\n") is True
     # a helper that only reads the hardware, or one imported and never called, narrows nothing
     assert narrowed("from hardware import name\nname(0)\n") is False

@@ -3,6 +3,7 @@ batches from, with the backward that makes it a training loop."""
 
 from __future__ import annotations
 
+import pathlib
 import textwrap
 from typing import Optional
 
@@ -73,3 +74,93 @@ def test_mentions_reads_subscripts_and_takes_any_test() -> None:
     # Any question of one node, asked through variables: the folder is the working directory.
     assert summaries.mentions(model, first.arg(0), first.order, first.function, is_cwd)
     assert not summaries.mentions(model, first.arg(0), first.order, first.function, lambda *_: False)
+
+
+TRAINER_CLASS = textwrap.dedent(
+    """
+    import torch
+
+    class Trainer:
+        def __init__(self, model, train_dl, valid_dl, epochs=3):
+            self.model = model
+            self.train_loader = train_dl
+            self.valid_loader = valid_dl
+            self.epochs = epochs
+            self.scratch = train_dl
+
+        def fit_epoch(self, epoch):
+            for x, y in self.train_loader:
+                self.model(x).sum().backward()
+            self._extra()
+
+        def _extra(self):
+            for x, y in self.valid_loader:
+                loss = self.model(x).sum()
+                loss.backward()
+
+        def evaluate(self):
+            for x, y in self.valid_loader:
+                self.model(x)
+
+        def reset(self):
+            self.scratch = None
+    """
+)
+
+
+def trainer_model() -> ModuleModel:
+    return build_analysis(cst.parse_module(TRAINER_CLASS))
+
+
+def method(model: ModuleModel, name: str) -> Function:
+    return next(f for f in model.functions if f.name == name)
+
+
+def test_drawn_attributes_follow_the_method_and_the_methods_it_calls_on_self() -> None:
+    model = trainer_model()
+    assert set(summaries.drawn_attributes(model, method(model, "fit_epoch"))) == {"self.train_loader", "self.valid_loader"}
+    # iterated without a backward: an evaluation, not a training loop
+    assert summaries.drawn_attributes(model, method(model, "evaluate")) == {}
+
+
+def test_constructor_stores_map_attributes_to_parameters_never_reassigned() -> None:
+    stores = summaries.constructor_stores(trainer_model(), "Trainer")
+    # `self.scratch` is reset in another method: it may not hold the argument when read
+    assert stores == {"self.model": "model", "self.train_loader": "train_dl", "self.valid_loader": "valid_dl",
+                      "self.epochs": "epochs"}
+    assert summaries.constructor_stores(trainer_model(), "Missing") == {}
+
+
+def test_class_sets_epoch_anywhere_in_its_methods() -> None:
+    assert summaries.class_sets_epoch(trainer_model(), "Trainer") is False
+    reseeding = TRAINER_CLASS.replace("self._extra()", "self.train_loader.sampler.set_epoch(epoch)")
+    assert summaries.class_sets_epoch(build_analysis(cst.parse_module(reseeding)), "Trainer") is True
+
+
+def test_a_method_call_links_to_the_class_of_another_project_module(tmp_path: pathlib.Path) -> None:
+    from ddpdoctor.lint.analysis import ProjectSources
+
+    (tmp_path / "engine.py").write_text(TRAINER_CLASS)
+    project = ProjectSources.for_paths([tmp_path])
+    source = (
+        "from engine import Trainer\n"
+        "trainer = Trainer(net, loader, None)\n"
+        "trainer.fit_epoch(0)\n"
+        "trainer.missing(0)\n"
+        "other = make()\n"
+        "other.fit_epoch(0)\n"
+    )
+    main = tmp_path / "train.py"
+    main.write_text(source)
+    model = build_analysis(cst.parse_module(source), str(main), project=project)
+    calls = {model.code_of(c.node): c for c in model.calls}
+    linked = model.linked_method(calls["trainer.fit_epoch(0)"])
+    assert linked is not None
+    other, found, constructor = linked
+    assert pathlib.Path(other.path).name == "engine.py" and found.qualname == "Trainer.fit_epoch"
+    assert model.code_of(constructor.node) == "Trainer(net, loader, None)"
+    # a method the class does not define, and an object not built from a project class
+    assert model.linked_method(calls["trainer.missing(0)"]) is None
+    assert model.linked_method(calls["other.fit_epoch(0)"]) is None
+    # without a project nothing is linked
+    assert build_analysis(cst.parse_module(source)).linked_method(calls["trainer.fit_epoch(0)"]) is None

@@ -152,24 +152,16 @@ def _reads_the_argument(model: ModuleModel, param: str, guard: Guard, function: 
 def _as_the_caller_sees_it(model: ModuleModel, site: Call, function: Function, guard: Guard) -> Optional[cst.BaseExpression]:
     """The guard's test with each parameter replaced by what `site` passes for it, or None when the
     test reads something the caller cannot see the same way: a local variable of `function`, a
-    parameter rebound before the test (or one of its attributes assigned there), an argument the
+    parameter it rebinds (or one of its attributes it assigns) anywhere in its body, an argument the
     site does not spell out, or nothing from the caller at all (a test of globals only says nothing
     new about this call site)."""
     replacements: dict[str, cst.BaseExpression] = {}
     for name in names_in(guard.test):
         root = name.split(".", 1)[0]
-        assigned_here = [
-            a
-            for target in {root, name}
-            for a in model.assignments_to(target)
-            if a.function is function and a.kind != "param" and a.order < guard.order
-        ]
+        if any(a.function is function and a.kind != "param" for target in {root, name} for a in model.assignments_to(target)):
+            return None  # a local of the callee, or a parameter (or an attribute of one) that it rebinds
         if root not in function.params:
-            if assigned_here or any(a.function is function for a in model.assignments_to(root)):
-                return None  # a local of the callee: nothing the caller holds
-            continue
-        if assigned_here or not _reads_the_argument(model, root, guard, function):
-            return None
+            continue  # a global or an import: the caller reads the same one
         passed = model.argument_at(site, function, root)
         if passed is None:
             return None

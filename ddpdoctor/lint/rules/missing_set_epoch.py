@@ -180,11 +180,42 @@ class MissingSetEpoch(Rule):
                 if any(origin in fed for origin in self._argument_origins(call, function, param)):
                     out.append((call.node, [call.loops[0]]))
                     break
+        out.extend((call.node, [call.loops[0]]) for call in self._trainer_draws(fed))
+        return out
+
+    def _trainer_draws(self, fed: list[Call]) -> list[Call]:
+        """Calls in a loop of a method of another project module's class whose training loop draws
+        from a loader the constructor was given: `trainer = Trainer(model, train_dl=loader)`, then
+        `for epoch in ...: trainer.train_epoch(epoch)` where `train_epoch` iterates
+        `self.train_dataloader` that `__init__` set from `train_dl`."""
+        out: list[Call] = []
+        for call in self.model.calls:
+            if not call.loops or call.attr is None or call.receiver is None:
+                continue  # cheap test first: linking reads and parses the other module
+            linked = self.model.linked_method(call)
+            if linked is None:
+                continue
+            other, method, constructor = linked
+            stored = summaries.constructor_stores(other, method.klass or "")
+            init = next((f for f in other.class_methods(method.klass or "") if f.name == "__init__"), None)
+            if init is None:
+                continue
+            for attribute in summaries.drawn_attributes(other, method):
+                param = stored.get(attribute)
+                if param is not None and any(o in fed for o in self._argument_origins(constructor, init, param)):
+                    out.append(call)
+                    break
         return out
 
     def _helper_sets_epoch(self, call: Call, sampler: Call, fed: list[Call]) -> bool:
         """A call of another project module's function that calls set_epoch on the loader or the
-        sampler passed to it (`data.start_epoch(loader, epoch)`)."""
+        sampler passed to it (`data.start_epoch(loader, epoch)`), or a method of another project
+        module's class that calls set_epoch on anything (it may well be the sampler of the loader
+        its constructor was given)."""
+        if call.attr is not None and call.receiver is not None:
+            method = self.model.linked_method(call)
+            if method is not None and summaries.class_sets_epoch(method[0], method[1].klass or ""):
+                return True
         if not any(
             o is sampler or o in fed for a in call.args for o in self.model.origin_calls(a.value, call.order, call.function)
         ):
