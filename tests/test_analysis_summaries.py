@@ -164,3 +164,64 @@ def test_a_method_call_links_to_the_class_of_another_project_module(tmp_path: pa
     assert model.linked_method(calls["other.fit_epoch(0)"]) is None
     # without a project nothing is linked
     assert build_analysis(cst.parse_module(source)).linked_method(calls["trainer.fit_epoch(0)"]) is None
+
+
+DATA_HELPERS = textwrap.dedent(
+    """
+    import torch
+    from torch.utils.data import DataLoader, DistributedSampler
+
+    def loaders(cfg, data):
+        sampler = DistributedSampler(data)
+        train = DataLoader(data, batch_size=4, sampler=sampler)
+        return train, sampler, DataLoader(data, batch_size=4)
+
+    def one_loader(data):
+        return DataLoader(data, sampler=DistributedSampler(data, shuffle=True))
+
+    def ordered(data):
+        return DataLoader(data, sampler=DistributedSampler(data, shuffle=False))
+
+    def undecided(data, cfg):
+        return DataLoader(data, sampler=DistributedSampler(data, shuffle=cfg.shuffle))
+    """
+)
+
+
+def test_returned_shuffled_loaders_by_position() -> None:
+    model = build_analysis(cst.parse_module(DATA_HELPERS))
+    assert set(summaries.returned_shuffled_loaders(model, method(model, "loaders"))) == {0}
+    assert set(summaries.returned_shuffled_loaders(model, method(model, "one_loader"))) == {None}
+    assert summaries.returned_shuffled_loaders(model, method(model, "ordered")) == {}
+    assert summaries.returned_shuffled_loaders(model, method(model, "undecided")) == {}
+
+
+def test_a_name_bound_to_a_project_helpers_return(tmp_path: pathlib.Path) -> None:
+    from ddpdoctor.lint.analysis import ProjectSources
+
+    (tmp_path / "data.py").write_text(DATA_HELPERS)
+    project = ProjectSources.for_paths([tmp_path])
+    source = (
+        "from data import loaders, one_loader\nfrom tqdm import tqdm\n"
+        "a, s, v = loaders(cfg, ds)\n"
+        "b = one_loader(ds)\n"
+        "c = tqdm(b)\n"
+        "d = local(ds)\n"
+        "e = one_loader(ds)\nif cfg.other:\n    e = local(ds)\n"
+        "use(a, b, c, d, e)\n"
+    )
+    main = tmp_path / "train.py"
+    main.write_text(source)
+    model = build_analysis(cst.parse_module(source), str(main), project=project)
+    use = next(c for c in model.calls if c.dotted == "use")
+
+    def bound(name: str) -> Optional[tuple[str, Optional[int], str]]:
+        expr = next(arg.value for arg in use.node.args if model.code_of(arg.value) == name)
+        found = model.returned_by_project_helper(expr, use.order, use.function)
+        return None if found is None else (found[1].name, found[2], found[3])
+
+    assert bound("a") == ("loaders", 0, "a")
+    assert bound("b") == ("one_loader", None, "b")
+    assert bound("c") == ("one_loader", None, "b")  # through the progress bar, named as the loader
+    assert bound("d") is None  # not a project helper
+    assert bound("e") is None  # another assignment may reach the use

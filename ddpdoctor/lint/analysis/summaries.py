@@ -137,6 +137,45 @@ def class_sets_epoch(model: ModuleModel, klass: str) -> bool:
     return any(call.attr == "set_epoch" for method in model.class_methods(klass) for call in method.calls)
 
 
+DISTRIBUTED_SAMPLER = "torch.utils.data.DistributedSampler"
+DATA_LOADER = "torch.utils.data.DataLoader"
+
+
+def shuffles(model: ModuleModel, sampler: Call) -> bool:
+    """A `DistributedSampler(...)` that shuffles for sure: `shuffle` absent (default True) or a value
+    that is True; an undecidable `shuffle=args.shuffle` does not count."""
+    if sampler.has_star_args():
+        return False
+    shuffle = sampler.arg(3, "shuffle")
+    if shuffle is None:
+        return True
+    return model.const_value(shuffle, sampler.order, sampler.function) is True
+
+
+def returned_shuffled_loaders(model: ModuleModel, function: Function) -> dict[Optional[int], Call]:
+    """What `function` hands back that is a `DataLoader` drawing from a shuffling
+    `DistributedSampler` built in this module (`get_loaders(opt)` returning `train_loader,
+    train_sampler, val_loader`): the position in the returned tuple (None for the value returned
+    whole), with the sampler. Its caller iterates that loader, and must reseed that sampler."""
+
+    def compute() -> dict[Optional[int], Call]:
+        out: dict[Optional[int], Call] = {}
+        for returned, at, inside in model.return_sites(function):
+            parts: list[tuple[Optional[int], Expr]] = [(None, returned)]
+            if isinstance(returned, (cst.Tuple, cst.List)):
+                parts = [(i, e.value) for i, e in enumerate(returned.elements) if not isinstance(e, cst.StarredElement)]
+            for position, part in parts:
+                for loader in model.origin_calls(part, at, inside):
+                    if loader.name != DATA_LOADER:
+                        continue
+                    for sampler in model.loader_samplers(loader):
+                        if sampler.name == DISTRIBUTED_SAMPLER and shuffles(model, sampler):
+                            out.setdefault(position, sampler)
+        return out
+
+    return model.memoized(("returned_shuffled_loaders", id(function)), compute, {})
+
+
 def epoch_set_params(model: ModuleModel, function: Function) -> set[str]:
     """The parameters `function` calls `set_epoch` on: `p.set_epoch(e)`, `p.sampler.set_epoch(e)`."""
     out: set[str] = set()

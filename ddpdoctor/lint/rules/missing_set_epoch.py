@@ -10,8 +10,8 @@ from ddpdoctor.findings import Edit, Fix
 from ddpdoctor.lint.analysis import Call, Function, Loop, contains, dotted_name, names_in, summaries
 from ddpdoctor.lint.rules.base import Rule
 
-SAMPLER = "torch.utils.data.DistributedSampler"
-DATA_LOADER = "torch.utils.data.DataLoader"
+SAMPLER = summaries.DISTRIBUTED_SAMPLER
+DATA_LOADER = summaries.DATA_LOADER
 MAX_CALLERS = 3
 
 
@@ -35,10 +35,13 @@ class MissingSetEpoch(Rule):
     """
 
     code = "DDP001"
-    trigger_words = ("DistributedSampler",)
+    # "sampler": a script whose loader (and sampler) a project helper builds may never name the class
+    # (`train_loader, train_sampler, val_loader = get_loaders(opt)`).
+    trigger_words = ("DistributedSampler", "sampler")
 
     def check(self) -> None:
-        samplers = [s for s in self.model.calls_named(SAMPLER) if self._shuffles(s)]
+        self.check_helper_built_loaders()
+        samplers = [s for s in self.model.calls_named(SAMPLER) if summaries.shuffles(self.model, s)]
         if not samplers:
             return
         loaders = self.model.calls_named(DATA_LOADER)
@@ -80,6 +83,51 @@ class MissingSetEpoch(Rule):
                         f"Call `{name}.set_epoch(epoch)` at the start of each epoch.",
                         fix=self._fix(sampler, epoch_loop),
                     )
+
+    def check_helper_built_loaders(self) -> None:
+        """A training loop here over a loader that another project module's helper built on a
+        shuffling DistributedSampler and handed back (`train_loader, train_sampler, val_loader =
+        get_loaders(opt)`), in an epoch loop of the same function that calls no `set_epoch` at all
+        (on anything) and no project helper or trainer class that does."""
+        model = self.model
+        for inner in model.loops:
+            if inner.iter is None or not self._trains(inner):
+                continue
+            around = model.enclosing_loops(inner)
+            if not around or model.runs_at_most_once(around[0]):
+                continue
+            epoch_loop = around[0]
+            for iterated in model.iterated_exprs(inner.iter):
+                built = model.returned_by_project_helper(iterated, inner.order, inner.function)
+                if built is None:
+                    continue
+                other, helper, position, loader = built
+                sampler = summaries.returned_shuffled_loaders(other, helper).get(position)
+                if sampler is None or self._epoch_loop_reseeds_something(epoch_loop):
+                    continue
+                self.report(
+                    inner.iter,
+                    f"This training loader comes from {helper.name}() ({other.shown_path} line "
+                    f"{other.line_of(sampler.node)} builds it on a shuffling DistributedSampler), but set_epoch "
+                    f"is never called in the epoch loop (line {self.line(epoch_loop.node)}), so every epoch "
+                    f"repeats the same order on every rank. Call `{loader}.sampler.set_epoch(epoch)` (or "
+                    f"set_epoch on the sampler the helper returns) at the start of each epoch.",
+                )
+                break
+
+    def _epoch_loop_reseeds_something(self, epoch_loop: Loop) -> bool:
+        """Some `set_epoch` runs in the epoch loop (on whatever object), or a call there reaches a
+        project helper or a trainer class that calls it."""
+        for call in self.model.calls_within(epoch_loop, depth=MAX_CALLERS):
+            if call.attr == "set_epoch":
+                return True
+            linked = self.model.linked_function(call)
+            if linked is not None and summaries.epoch_set_params(*linked):
+                return True
+            method = self.model.linked_method(call) if call.attr is not None and call.receiver is not None else None
+            if method is not None and summaries.class_sets_epoch(method[0], method[1].klass or ""):
+                return True
+        return False
 
     def _report_fixed(self, call: Call, epoch_loop: Loop) -> None:
         value = call.arg(0, "epoch")
@@ -294,16 +342,6 @@ class MissingSetEpoch(Rule):
 
     def _name_of(self, sampler: Call) -> str:
         return self.model.name_bound_to(sampler) or "sampler"
-
-    def _shuffles(self, sampler: Call) -> bool:
-        """Shuffles for sure: `shuffle` absent (default True) or a value that is True; an undecidable
-        `shuffle=args.shuffle` stays silent."""
-        if sampler.has_star_args():
-            return False
-        shuffle = sampler.arg(3, "shuffle")
-        if shuffle is None:
-            return True
-        return self.model.const_value(shuffle, sampler.order, sampler.function) is True
 
     def _epoch_loops(self, inner: Loop, fed: list[Call]) -> list[Loop]:
         """The loops that run `inner` over and over: loops around it in its function, else the loops
