@@ -35,9 +35,9 @@ class MissingSetEpoch(Rule):
     """
 
     code = "DDP001"
-    # "sampler": a script whose loader (and sampler) a project helper builds may never name the class
-    # (`train_loader, train_sampler, val_loader = get_loaders(opt)`).
-    trigger_words = ("DistributedSampler", "sampler")
+    # "sampler", "loader": a script whose loader (and sampler) a project helper builds may never name
+    # the class (`train_loader, train_sampler, val_loader = get_loaders(opt)`).
+    trigger_words = ("DistributedSampler", "sampler", "loader")
 
     def check(self) -> None:
         self.check_helper_built_loaders()
@@ -85,35 +85,57 @@ class MissingSetEpoch(Rule):
                     )
 
     def check_helper_built_loaders(self) -> None:
-        """A training loop here over a loader that another project module's helper built on a
-        shuffling DistributedSampler and handed back (`train_loader, train_sampler, val_loader =
-        get_loaders(opt)`), in an epoch loop of the same function that calls no `set_epoch` at all
-        (on anything) and no project helper or trainer class that does."""
+        """A training loop over a loader that another project module's helper built on a shuffling
+        DistributedSampler and handed back (`train_loader, train_sampler, val_loader =
+        get_loaders(opt)`): a loop here, or a project function called in the epoch loop with that
+        loader (`train(epoch, train_loader, ...)` whose loop draws from it). Reported when the epoch
+        loop calls no `set_epoch` at all (on anything) and no project helper or trainer class that does."""
         model = self.model
+        for draw, loaded, order, function, epoch_loop in self._helper_loader_draws():
+            if model.runs_at_most_once(epoch_loop):
+                continue
+            built = model.returned_by_project_helper(loaded, order, function)
+            if built is None:
+                continue
+            other, helper, position, loader = built
+            sampler = summaries.returned_shuffled_loaders(other, helper).get(position)
+            if sampler is None or self._epoch_loop_reseeds_something(epoch_loop):
+                continue
+            self.report(
+                draw,
+                f"This training loader comes from {helper.name}() ({other.shown_path} line "
+                f"{other.line_of(sampler.node)} builds it on a shuffling DistributedSampler), but set_epoch "
+                f"is never called in the epoch loop (line {self.line(epoch_loop.node)}), so every epoch "
+                f"repeats the same order on every rank. Call `{loader}.sampler.set_epoch(epoch)` (or "
+                f"set_epoch on the sampler the helper returns) at the start of each epoch.",
+            )
+
+    def _helper_loader_draws(self) -> list[tuple[cst.CSTNode, cst.BaseExpression, int, Optional[Function], Loop]]:
+        """Where a training loop draws from a loader, with the loader expression to trace back (and
+        where it is evaluated) and the epoch loop around: the training loops of this module inside an
+        epoch loop of their function, and calls in a loop of another project module's function that
+        trains on the loader passed to it (reported at the call)."""
+        model = self.model
+        out: list[tuple[cst.CSTNode, cst.BaseExpression, int, Optional[Function], Loop]] = []
         for inner in model.loops:
-            if inner.iter is None or not self._trains(inner):
+            if inner.iter is None:
                 continue
             around = model.enclosing_loops(inner)
-            if not around or model.runs_at_most_once(around[0]):
+            if not around or not self._trains(inner):
                 continue
-            epoch_loop = around[0]
-            for iterated in model.iterated_exprs(inner.iter):
-                built = model.returned_by_project_helper(iterated, inner.order, inner.function)
-                if built is None:
-                    continue
-                other, helper, position, loader = built
-                sampler = summaries.returned_shuffled_loaders(other, helper).get(position)
-                if sampler is None or self._epoch_loop_reseeds_something(epoch_loop):
-                    continue
-                self.report(
-                    inner.iter,
-                    f"This training loader comes from {helper.name}() ({other.shown_path} line "
-                    f"{other.line_of(sampler.node)} builds it on a shuffling DistributedSampler), but set_epoch "
-                    f"is never called in the epoch loop (line {self.line(epoch_loop.node)}), so every epoch "
-                    f"repeats the same order on every rank. Call `{loader}.sampler.set_epoch(epoch)` (or "
-                    f"set_epoch on the sampler the helper returns) at the start of each epoch.",
-                )
-                break
+            out.extend((inner.iter, expr, inner.order, inner.function, around[0]) for expr in model.iterated_exprs(inner.iter))
+        for call in model.calls:
+            if not call.loops or (call.name or "").startswith("torch."):
+                continue  # cheap tests first: linking reads and parses the other module
+            linked = model.linked_function(call)
+            if linked is None:
+                continue
+            other, function = linked
+            for param in summaries.drawn_params(other, function):
+                argument = summaries.argument_for(call, function, param)
+                if argument is not None:
+                    out.append((call.node, argument, call.order, call.function, call.loops[0]))
+        return out
 
     def _epoch_loop_reseeds_something(self, epoch_loop: Loop) -> bool:
         """Some `set_epoch` runs in the epoch loop (on whatever object), or a call there reaches a
