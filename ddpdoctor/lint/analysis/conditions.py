@@ -18,7 +18,7 @@ from typing import Optional, Protocol, Sequence, Union
 import libcst as cst
 
 from ddpdoctor.lint.analysis.model import Assignment, Call, Context, Function, Guard, ModuleModel, Route
-from ddpdoctor.lint.analysis.syntax import names_in
+from ddpdoctor.lint.analysis.syntax import dotted_name, names_in
 
 
 class Located(Protocol):
@@ -88,18 +88,21 @@ def site_reaches(model: ModuleModel, site: Call, function: Function, guards: Seq
       save_cur=True)` never reaches the `else` save of the periodic checkpoint;
     - a branch tests what the site passes (`if args.nodes > 1:` with `args` handed over as is)
       and the site itself runs only where that test fails (`else: main(0, args)`)."""
+    outer_guards = [outer for outer in site.ctx.guards if outer.function is site.function]
     for guard in guards:
         if guard.function is not function:
             continue
         if _flag_fixed_the_other_way(model, site, function, guard):
             return False
-        seen = _as_the_caller_sees_it(model, site, function, guard)
+        if not outer_guards:
+            continue  # the call itself runs unconditionally: nothing to rule the branch out
+        seen = model.memoized(
+            ("caller_sees", id(site), id(guard)), lambda: _as_the_caller_sees_it(model, site, function, guard), None
+        )
         if seen is None:
             continue
         text, polarity = condition(model, seen, guard.negated)
-        for outer in site.ctx.guards:
-            if outer.function is not site.function:
-                continue  # a condition of an enclosing scope, read where other names may be bound
+        for outer in outer_guards:
             outer_text, outer_polarity = condition(model, outer.test, outer.negated)
             if outer_text == text and outer_polarity != polarity and not_reassigned(model, outer.test, outer.order, site.order):
                 return False
@@ -167,6 +170,14 @@ def _as_the_caller_sees_it(model: ModuleModel, site: Call, function: Function, g
             return None
         replacements[root] = passed
     if not replacements:
+        return None
+    # Cheap first: rewriting the test builds new nodes, worth it only when some condition around the
+    # call reads every argument put in (`args` for `if args.nodes > 1:` seen through `main(0, args)`).
+    passed_names = {dotted_name(value) for value in replacements.values()}
+    if None in passed_names:
+        return None
+    around = [set(names_in(outer.test)) for outer in site.ctx.guards if outer.function is site.function]
+    if not any(all(any(n == p or n.startswith(f"{p}.") for n in names) for p in passed_names) for names in around):
         return None
     return guard.test.visit(_Substitute(replacements))  # type: ignore[return-value]
 

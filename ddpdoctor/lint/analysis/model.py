@@ -561,6 +561,8 @@ class ModuleModel:
         self._call_sites: Optional[dict[int, list[Call]]] = None
         self._callees: Optional[dict[int, list[Function]]] = None
         self._value_sites: Optional[dict[int, tuple[int, Optional[Function]]]] = None
+        # `method_calls`' index: attribute -> calls, with the number of calls it was built from.
+        self._method_index: Optional[tuple[int, dict[str, list[Call]]]] = None
         self._argparse: Optional[dict[str, list[Expr]]] = None
         self._top_imports: Optional[dict[str, str]] = None
         # Memo for the value-following queries. Recursive helpers otherwise make them exponential
@@ -709,10 +711,16 @@ class ModuleModel:
 
     def method_calls(self, *attrs: str) -> list[Call]:
         """Calls `<anything>.attr(...)` — for methods on values whose type we cannot name."""
+        if self._method_index is None or self._method_index[0] != len(self.calls):
+            index: dict[str, list[Call]] = {}
+            for call in self.calls:
+                if isinstance(call.node.func, cst.Attribute):
+                    index.setdefault(call.node.func.attr.value, []).append(call)
+            self._method_index = (len(self.calls), index)
+        if len(attrs) == 1:
+            return list(self._method_index[1].get(attrs[0], ()))
         wanted = set(attrs)
-        return [
-            c for c in self.calls if isinstance(c.node.func, cst.Attribute) and c.node.func.attr.value in wanted
-        ]
+        return [c for c in self.calls if isinstance(c.node.func, cst.Attribute) and c.node.func.attr.value in wanted]
 
     def functions_named(self, name: str) -> list[Function]:
         return [f for f in self.functions if f.name == name]

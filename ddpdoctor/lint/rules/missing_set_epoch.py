@@ -35,9 +35,11 @@ class MissingSetEpoch(Rule):
     """
 
     code = "DDP001"
-    # "sampler", "loader": a script whose loader (and sampler) a project helper builds may never name
-    # the class (`train_loader, train_sampler, val_loader = get_loaders(opt)`).
-    trigger_words = ("DistributedSampler", "sampler", "loader")
+    # A script whose loader and sampler a project helper builds may never name the class, but binds
+    # the sampler it is handed (`train_loader, train_sampler, val_loader = get_loaders(opt)`) or
+    # reseeds it. Not a bare "sampler" or "loader": nearly every data file says those (torch's own
+    # `grid_sampler`), and each file they let through is parsed.
+    trigger_words = ("DistributedSampler", "sampler,", "sampler =", "sampler.set_epoch")
 
     def check(self) -> None:
         self.check_helper_built_loaders()
