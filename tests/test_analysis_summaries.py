@@ -8,6 +8,7 @@ import textwrap
 from typing import Optional
 
 import libcst as cst
+import pytest
 
 from ddpdoctor.lint.analysis import Function, ModuleModel, build_analysis, summaries
 
@@ -225,3 +226,23 @@ def test_a_name_bound_to_a_project_helpers_return(tmp_path: pathlib.Path) -> Non
     assert bound("c") == ("one_loader", None, "b")  # through the progress bar, named as the loader
     assert bound("d") is None  # not a project helper
     assert bound("e") is None  # another assignment may reach the use
+
+
+@pytest.mark.parametrize(
+    ("body", "cleared"),
+    [
+        ("opt.zero_grad()\n    loss.backward()\n    if i % k == 0:\n        opt.step()", True),
+        # cleared only with the step: what is in between accumulates
+        ("loss.backward()\n    if i % k == 0:\n        opt.step()\n        opt.zero_grad()", False),
+        # cleared after the backward, not before it
+        ("loss.backward()\n    opt.zero_grad()", False),
+        # cleared under a condition the backward does not share
+        ("if i % k == 0:\n        opt.zero_grad()\n    loss.backward()", False),
+        # a shared condition is no obstacle
+        ("if train:\n        opt.zero_grad()\n        loss.backward()", True),
+    ],
+)
+def test_gradients_cleared_before_the_backward_in_each_iteration(body: str, cleared: bool) -> None:
+    model = build_analysis(cst.parse_module(f"for i in range(10):\n    {body}\n"))
+    backward = next(c for c in model.calls if c.attr == "backward")
+    assert summaries.gradients_cleared_before(model, backward, model.loops[0]) is cleared

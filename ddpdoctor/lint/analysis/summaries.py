@@ -11,13 +11,13 @@ computed on demand and memoised with its module's model.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
+from typing import Optional, Union
 
 import libcst as cst
 
-from ddpdoctor.lint.analysis.model import Call, Expr, Function, ModuleModel, mentions
+from ddpdoctor.lint.analysis.model import Call, Expr, Function, Loop, ModuleModel, mentions
 from ddpdoctor.lint.analysis.ranks import decided_by_guards, rank_kind
-from ddpdoctor.lint.analysis.syntax import dotted_name
+from ddpdoctor.lint.analysis.syntax import contains, dotted_name
 
 SAVE = "torch.save"
 # Buffers: a save into one writes no file.
@@ -189,6 +189,19 @@ def epoch_set_params(model: ModuleModel, function: Function) -> set[str]:
         if name is not None:
             out.add(name)
     return out
+
+
+def gradients_cleared_before(model: ModuleModel, backward: Call, loop: Union[Loop, Function]) -> bool:
+    """A `zero_grad()` (of any optimizer or model) runs in the same iteration of `loop` as
+    `backward`, before it, under no condition the backward does not share: what earlier iterations'
+    backwards left is discarded, so nothing accumulates across iterations, whatever condition the
+    optimizer step sits under (a GAN's generator stepped every `n_critic` iterations)."""
+    for call in model.method_calls("zero_grad"):
+        if call.function is not backward.function or not contains(loop, call.order) or call.order > backward.order:
+            continue
+        if all(guard in backward.ctx.guards for guard in call.ctx.guards if guard.order >= loop.order):
+            return True
+    return False
 
 
 # Gradient clipping (`torch.nn.utils.clip_grad_norm` is the deprecated spelling without `_`).

@@ -53,6 +53,8 @@ class AccumulationWithoutNoSync(Rule):
                 continue
             if any(self._without_accumulation(guard) for guard in backward.ctx.guards):
                 continue  # the `else:` of `if accumulation_steps > 1:`: one backward per step
+            if summaries.gradients_cleared_before(self.model, backward, loop):
+                continue  # `zero_grad()` before every backward: nothing carries over to accumulate
             step, guard = self._conditional_step(backward, loop)
             if step is None or guard is None:
                 continue
@@ -127,6 +129,8 @@ class AccumulationWithoutNoSync(Rule):
                 continue
             loop = backward.loops[-1]
             if any(self._without_accumulation(guard) for guard in backward.ctx.guards):
+                continue
+            if summaries.gradients_cleared_before(self.model, backward, loop):
                 continue
             step, guard = self._conditional_step(backward, loop)
             if step is None or guard is None:
