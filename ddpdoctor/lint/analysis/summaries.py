@@ -89,11 +89,10 @@ def drawn_params(model: ModuleModel, function: Function) -> dict[str, Call]:
     return out
 
 
-def drawn_attributes(model: ModuleModel, method: Function) -> dict[str, Call]:
+def drawn_attributes(model: ModuleModel, method: Function) -> frozenset[str]:
     """The `self.` attributes a training loop in `method` draws its batches from (`for batch in
-    self.train_loader:` with a backward in the loop), each with that backward; also in the methods of
-    its class that it calls on `self` (one level: `self._run_batches()`)."""
-    out: dict[str, Call] = {}
+    self.train_loader:` with a backward in the loop); also in the methods of its class that it calls
+    on `self` (one level: `self._run_batches()`)."""
     methods = [method] + [
         helper
         for call in method.calls
@@ -101,17 +100,17 @@ def drawn_attributes(model: ModuleModel, method: Function) -> dict[str, Call]:
         for helper in model.class_methods(method.klass or "")
         if helper.name == call.attr and helper is not method
     ]
+    out: set[str] = set()
     for loop in model.loops:
         if loop.function not in methods or loop.iter is None:
             continue
-        backward = next((c for c in model.calls_within(loop, depth=2) if c.attr == "backward"), None)
-        if backward is None:
+        if not any(c.attr == "backward" for c in model.calls_within(loop, depth=2)):
             continue
         for iterated in model.iterated_exprs(loop.iter):
             name = dotted_name(iterated)
             if name is not None and name.startswith("self.") and name.count(".") == 1:
-                out.setdefault(name, backward)
-    return out
+                out.add(name)
+    return frozenset(out)
 
 
 def constructor_stores(model: ModuleModel, klass: str) -> dict[str, str]:
