@@ -91,14 +91,24 @@ def test_the_callers_condition_must_still_hold_at_the_call() -> None:
     assert direct_call_reaches_target(source) is True
 
 
-def test_a_literal_flag_fixed_the_other_way_does_not_reach_it() -> None:
-    source = """
+@pytest.mark.parametrize(
+    ("test", "call", "reaches"),
+    [
+        ("not final", "worker(final=True)", False),
+        ("final", "worker(final=False)", False),
+        ("final", "worker()", False),  # the literal default
+        ("final", "worker(final=True)", True),
+        ("final", "worker(final=flag)", True),  # not a literal: either way
+    ],
+)
+def test_a_literal_flag_fixed_the_other_way_does_not_reach_it(test: str, call: str, reaches: bool) -> None:
+    source = f"""
     def worker(final=False):
-        if not final:
+        if {test}:
             target()
-    worker(final=True)
+    {call}
     """
-    assert direct_call_reaches_target(source) is False
+    assert direct_call_reaches_target(source) is reaches
 
 
 def test_a_helper_only_reachable_from_its_rank0_call_site_runs_on_rank0() -> None:

@@ -241,11 +241,13 @@ def test_a_name_bound_to_a_project_helpers_return(tmp_path: pathlib.Path) -> Non
         ("loss.backward()\n    opt.zero_grad()", False),
         # cleared under a condition the backward does not share
         ("if i % k == 0:\n        opt.zero_grad()\n    loss.backward()", False),
+        # a zero_grad before the loop clears nothing between iterations (but one inside still counts)
+        ("loss.backward()\n    if i % k == 0:\n        opt.step()", False),
         # a shared condition is no obstacle
         ("if train:\n        opt.zero_grad()\n        loss.backward()", True),
     ],
 )
 def test_gradients_cleared_before_the_backward_in_each_iteration(body: str, cleared: bool) -> None:
-    model = build_analysis(cst.parse_module(f"for i in range(10):\n    {body}\n"))
+    model = build_analysis(cst.parse_module(f"opt.zero_grad()\nfor i in range(10):\n    {body}\n"))
     backward = next(c for c in model.calls if c.attr == "backward")
     assert summaries.gradients_cleared_before(model, backward, model.loops[0]) is cleared

@@ -342,3 +342,14 @@ def test_unscaled_horovod_lr_says_where_the_variable_came_from() -> None:
     assert message.startswith(
         "The optimizer wrapped by hvd.DistributedOptimizer at line 11 uses lr=lr (args.base_lr), not scaled by hvd.size()"
     )
+
+
+def test_ddp001_names_the_helper_that_built_the_loader() -> None:
+    project = Path(__file__).parent.parent / "fixtures" / "projects" / "loader_and_sampler_from_a_data_helper"
+    result, _ = lint_paths([str(project / "train.py")], Settings(), jobs=1, use_cache=False)
+    (finding,) = [f for r in result.files for f in r.findings]
+    assert finding.code == "DDP001"
+    assert "comes from build_loaders() (" in finding.message
+    assert "data.py line 13 builds it on a shuffling DistributedSampler" in finding.message
+    assert "epoch loop (line 25)" in finding.message
+    assert "Call `train_loader.sampler.set_epoch(epoch)`" in finding.message
