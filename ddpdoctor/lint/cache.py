@@ -12,7 +12,7 @@ import hashlib
 import json
 import os
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Optional, Union
 
 from ddpdoctor import __version__
 from ddpdoctor.catalog import rule_info
@@ -47,7 +47,7 @@ class ResultCache:
         path: str,
         digest: str,
         codes: frozenset[str],
-        lines: int,
+        lines: Union[int, Callable[[], int]],
         unchanged: Optional[Callable[[Path, Optional[str]], bool]] = None,
     ) -> Optional[list[Finding]]:
         """The cached findings, or None (a miss) unless the entry is exactly what we write, its
@@ -67,8 +67,12 @@ class ResultCache:
             findings = [Finding.from_dict(d) for d in entry[1]]
         except (KeyError, TypeError, ValueError, AttributeError, RecursionError):
             return None
-        if not all(_plausible(f, codes, lines) for f in findings):
-            return None
+        # The line count (an upper bound that each cached position must respect) is only worth
+        # counting when there is a finding to check: most cached files have none.
+        if findings:
+            count = lines() if callable(lines) else lines
+            if not all(_plausible(f, codes, count) for f in findings):
+                return None
         return findings
 
     def put(

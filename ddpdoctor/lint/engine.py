@@ -357,7 +357,7 @@ def lint_paths(
                 continue
             if data is not None:
                 key = content_hash(data) + ":" + ",".join(sorted(codes))
-                cached = cache.get(path, key, codes, line_count(data), project.unchanged)
+                cached = cache.get(path, key, codes, lambda: line_count(data), project.unchanged)
                 if cached is not None:
                     slots.append(FileResult(path, [dataclasses.replace(f, path=path) for f in cached], cached=True))
                     continue

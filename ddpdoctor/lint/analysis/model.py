@@ -1434,6 +1434,21 @@ class ModuleModel:
 
     # ---- the project's other modules
 
+    def may_link(self, call: Call) -> bool:
+        """A cheap first test for `linked_function`: the callee is written through a name this module
+        imports from outside torch (`helper(...)`, `utils.helper(...)`), the only calls it can link.
+        Reads no other module."""
+        if self.project is None:
+            return False
+        written = dotted_name(call.node.func)
+        if written is None:
+            return False
+        head = written.partition(".")[0]
+        if head in self.relative_imports:
+            return True
+        qualified = self.imports.get(head)
+        return qualified is not None and not qualified.startswith("torch")
+
     def linked_function(self, call: Call) -> Optional[tuple["ModuleModel", Function]]:
         """The function of another project module that `call` invokes, with that module's model:
         `save_checkpoint(...)` after `from utils.checkpoint import save_checkpoint` (or a relative

@@ -163,7 +163,7 @@ class CollectiveUnderRankGuard(Rule):
         (that module, the collective call))."""
         out: list[tuple[Call, str, WhoRuns, tuple[ModuleModel, Call]]] = []
         for call in self.model.calls:
-            if (call.name or "").startswith(("torch.", "horovod.")):
+            if (call.name or "").startswith(("torch.", "horovod.")) or not self.model.may_link(call):
                 continue
             runs = who_runs(self.model, call)
             if not runs.some_ranks or ranks.group_created_under_guard(self.model, runs, call):
