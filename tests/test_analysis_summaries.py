@@ -141,11 +141,17 @@ def test_class_sets_epoch_anywhere_in_its_methods() -> None:
     assert summaries.class_sets_epoch(build_analysis(cst.parse_module(reseeding)), "Trainer") is True
 
 
-def test_a_method_call_links_to_the_class_of_another_project_module(tmp_path: pathlib.Path) -> None:
+def model_in_project(tmp_path: pathlib.Path, helper: tuple[str, str], source: str) -> ModuleModel:
+    """`train.py` holding `source`, in a project beside one helper module (name, text)."""
     from ddpdoctor.lint.analysis import ProjectSources
 
-    (tmp_path / "engine.py").write_text(TRAINER_CLASS)
-    project = ProjectSources.for_paths([tmp_path])
+    (tmp_path / helper[0]).write_text(helper[1])
+    main = tmp_path / "train.py"
+    main.write_text(source)
+    return build_analysis(cst.parse_module(source), str(main), project=ProjectSources.for_paths([tmp_path]))
+
+
+def test_a_method_call_links_to_the_class_of_another_project_module(tmp_path: pathlib.Path) -> None:
     source = (
         "from engine import Trainer\n"
         "trainer = Trainer(net, loader, None)\n"
@@ -154,9 +160,7 @@ def test_a_method_call_links_to_the_class_of_another_project_module(tmp_path: pa
         "other = make()\n"
         "other.fit_epoch(0)\n"
     )
-    main = tmp_path / "train.py"
-    main.write_text(source)
-    model = build_analysis(cst.parse_module(source), str(main), project=project)
+    model = model_in_project(tmp_path, ("engine.py", TRAINER_CLASS), source)
     calls = {model.code_of(c.node): c for c in model.calls}
     linked = model.linked_method(calls["trainer.fit_epoch(0)"])
     assert linked is not None
@@ -201,10 +205,6 @@ def test_returned_shuffled_loaders_by_position() -> None:
 
 
 def test_a_name_bound_to_a_project_helpers_return(tmp_path: pathlib.Path) -> None:
-    from ddpdoctor.lint.analysis import ProjectSources
-
-    (tmp_path / "data.py").write_text(DATA_HELPERS)
-    project = ProjectSources.for_paths([tmp_path])
     source = (
         "from data import loaders, one_loader\nfrom tqdm import tqdm\n"
         "a, s, v = loaders(cfg, ds)\n"
@@ -214,9 +214,7 @@ def test_a_name_bound_to_a_project_helpers_return(tmp_path: pathlib.Path) -> Non
         "e = one_loader(ds)\nif cfg.other:\n    e = local(ds)\n"
         "use(a, b, c, d, e)\n"
     )
-    main = tmp_path / "train.py"
-    main.write_text(source)
-    model = build_analysis(cst.parse_module(source), str(main), project=project)
+    model = model_in_project(tmp_path, ("data.py", DATA_HELPERS), source)
     use = next(c for c in model.calls if c.dotted == "use")
 
     def bound(name: str) -> Optional[tuple[str, Optional[int], str]]:
