@@ -125,7 +125,8 @@ class MissingSetEpoch(Rule):
             around = model.enclosing_loops(inner)
             if not around or not self._trains(inner):
                 continue
-            out.extend((inner.iter, expr, inner.order, inner.function, around[0]) for expr in model.iterated_exprs(inner.iter))
+            # The outermost: the epoch loop, not a loop over phases or retries inside it.
+            out.extend((inner.iter, expr, inner.order, inner.function, around[-1]) for expr in model.iterated_exprs(inner.iter))
         for call in model.calls:
             if not call.loops or (call.name or "").startswith("torch."):
                 continue  # cheap tests first: linking reads and parses the other module
