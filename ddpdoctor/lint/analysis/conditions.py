@@ -18,7 +18,7 @@ from typing import Optional, Protocol, Sequence, Union
 import libcst as cst
 
 from ddpdoctor.lint.analysis.model import Assignment, Call, Context, Function, Guard, ModuleModel, Route
-from ddpdoctor.lint.analysis.syntax import dotted_name, names_in
+from ddpdoctor.lint.analysis.syntax import bool_literal, dotted_name, names_in
 
 
 class Located(Protocol):
@@ -89,6 +89,7 @@ def site_reaches(model: ModuleModel, site: Call, function: Function, guards: Seq
     - a branch tests what the site passes (`if args.nodes > 1:` with `args` handed over as is)
       and the site itself runs only where that test fails (`else: main(0, args)`)."""
     outer_guards = [outer for outer in site.ctx.guards if outer.function is site.function]
+    outer_conditions: Optional[list[tuple[Guard, str, bool]]] = None  # read once, when first needed
     for guard in guards:
         if guard.function is not function:
             continue
@@ -97,13 +98,16 @@ def site_reaches(model: ModuleModel, site: Call, function: Function, guards: Seq
         if not outer_guards:
             continue  # the call itself runs unconditionally: nothing to rule the branch out
         seen = model.memoized(
-            ("caller_sees", id(site), id(guard)), lambda: _as_the_caller_sees_it(model, site, function, guard), None
+            ("caller_sees", id(site), id(guard)),
+            lambda: _as_the_caller_sees_it(model, site, function, guard, outer_guards),
+            None,
         )
         if seen is None:
             continue
         text, polarity = condition(model, seen, guard.negated)
-        for outer in outer_guards:
-            outer_text, outer_polarity = condition(model, outer.test, outer.negated)
+        if outer_conditions is None:
+            outer_conditions = [(outer, *condition(model, outer.test, outer.negated)) for outer in outer_guards]
+        for outer, outer_text, outer_polarity in outer_conditions:
             if outer_text == text and outer_polarity != polarity and not_reassigned(model, outer.test, outer.order, site.order):
                 return False
     return True
@@ -137,14 +141,8 @@ def _flag_fixed_the_other_way(model: ModuleModel, site: Call, function: Function
         return False
     if not _reads_the_argument(model, test.value, guard, function):
         return False
-    passed = _bool_literal(model.argument_at(site, function, test.value))
+    passed = bool_literal(model.argument_at(site, function, test.value))
     return passed is not None and passed is not holds_when
-
-
-def _bool_literal(value: Optional[cst.BaseExpression]) -> Optional[bool]:
-    if isinstance(value, cst.Name) and value.value in ("True", "False"):
-        return value.value == "True"
-    return None
 
 
 def _reads_the_argument(model: ModuleModel, param: str, guard: Guard, function: Function) -> bool:
@@ -152,8 +150,11 @@ def _reads_the_argument(model: ModuleModel, param: str, guard: Guard, function: 
     return all(a.kind == "param" for a in model.reaching_assignments(param, guard.order, function))
 
 
-def _as_the_caller_sees_it(model: ModuleModel, site: Call, function: Function, guard: Guard) -> Optional[cst.BaseExpression]:
-    """The guard's test with each parameter replaced by what `site` passes for it, or None when the
+def _as_the_caller_sees_it(
+    model: ModuleModel, site: Call, function: Function, guard: Guard, outer_guards: Sequence[Guard]
+) -> Optional[cst.BaseExpression]:
+    """The guard's test with each parameter replaced by what `site` passes for it (`outer_guards`:
+    the conditions around the site in its own function), or None when the
     test reads something the caller cannot see the same way: a local variable of `function`, a
     parameter it rebinds (or one of its attributes it assigns) anywhere in its body, an argument the
     site does not spell out, or nothing from the caller at all (a test of globals only says nothing
@@ -176,7 +177,7 @@ def _as_the_caller_sees_it(model: ModuleModel, site: Call, function: Function, g
     passed_names = {dotted_name(value) for value in replacements.values()}
     if None in passed_names:
         return None
-    around = [set(names_in(outer.test)) for outer in site.ctx.guards if outer.function is site.function]
+    around = [set(names_in(outer.test)) for outer in outer_guards]
     if not any(all(any(n == p or n.startswith(f"{p}.") for n in names) for p in passed_names) for names in around):
         return None
     return guard.test.visit(_Substitute(replacements))  # type: ignore[return-value]

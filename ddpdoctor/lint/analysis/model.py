@@ -1438,16 +1438,8 @@ class ModuleModel:
         """A cheap first test for `linked_function`: the callee is written through a name this module
         imports from outside torch (`helper(...)`, `utils.helper(...)`), the only calls it can link.
         Reads no other module."""
-        if self.project is None:
-            return False
         written = dotted_name(call.node.func)
-        if written is None:
-            return False
-        head = written.partition(".")[0]
-        if head in self.relative_imports:
-            return True
-        qualified = self.imports.get(head)
-        return qualified is not None and not qualified.startswith("torch")
+        return self.project is not None and written is not None and bool(self._import_candidates(written))
 
     def linked_function(self, call: Call) -> Optional[tuple["ModuleModel", Function]]:
         """The function of another project module that `call` invokes, with that module's model:
@@ -1532,8 +1524,19 @@ class ModuleModel:
         `utils.helper`, `import pkg.utils as u` then `u.helper`. Empty without a project."""
         if self.project is None:
             return []
+        out: list[tuple["ModuleModel", str]] = []
+        for module, level, name in self._import_candidates(written):
+            path = self.project.resolve(Path(self.path), module, level)
+            other = self.project_model(path) if path is not None else None
+            if other is not None:
+                out.append((other, name))
+        return out
+
+    def _import_candidates(self, written: str) -> list[tuple[Optional[str], int, str]]:
+        """Where the imports say a name written here comes from, before anything is resolved or read:
+        (module, relative level, name there), for a name imported from outside torch."""
         head, _, rest = written.partition(".")
-        candidates: list[tuple[Optional[str], int, str]] = []  # (module, level, name there)
+        candidates: list[tuple[Optional[str], int, str]] = []
         relative = self.relative_imports.get(head)
         if relative is not None:
             module, level, name = relative
@@ -1548,13 +1551,7 @@ class ModuleModel:
                 module, _, name = full.rpartition(".")
                 if module:
                     candidates.append((module, 0, name))
-        out: list[tuple["ModuleModel", str]] = []
-        for module, level, name in candidates:
-            path = self.project.resolve(Path(self.path), module, level)
-            other = self.project_model(path) if path is not None else None
-            if other is not None:
-                out.append((other, name))
-        return out
+        return candidates
 
     def project_class(self, written: str, depth: int = 0) -> Optional[tuple["ModuleModel", str]]:
         """The project class a name written here means, with the model of the module that defines

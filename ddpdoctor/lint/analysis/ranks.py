@@ -35,6 +35,7 @@ from ddpdoctor.lint.analysis.model import MAX_DEPTH, Assignment, Call, Context, 
 from ddpdoctor.lint.analysis.reads import value_reads
 from ddpdoctor.lint.analysis.syntax import (
     MIRRORED_OPERATORS,
+    bool_literal,
     dotted_name,
     flatten_boolean,
     is_zero_literal,
@@ -590,12 +591,6 @@ def classify_rank_test(
     return None
 
 
-def _bool_literal(value: Optional[cst.BaseExpression]) -> Optional[bool]:
-    if isinstance(value, cst.Name) and value.value in ("True", "False"):
-        return value.value == "True"
-    return None
-
-
 def flag_raising_guards(
     model: ModuleModel, test: cst.BaseExpression, order: int, function: Optional[Function], depth: int = 0
 ) -> tuple[Guard, ...]:
@@ -613,7 +608,7 @@ def flag_raising_guards(
     if name is None:
         return ()
     assignments = model.reaching_assignments(name, order, function)
-    values = [_bool_literal(a.value) for a in assignments]
+    values = [bool_literal(a.value) for a in assignments]
     if True not in values or None in values:
         return ()
     deciding: list[Guard] = []

@@ -113,11 +113,16 @@ def drawn_attributes(model: ModuleModel, method: Function) -> frozenset[str]:
     return frozenset(out)
 
 
+def constructor(model: ModuleModel, klass: str) -> Optional[Function]:
+    """The `__init__` a top-level class of this module defines in its own body."""
+    return next((f for f in model.class_methods(klass) if f.name == "__init__"), None)
+
+
 def constructor_stores(model: ModuleModel, klass: str) -> dict[str, str]:
     """The `self.` attributes a class's `__init__` sets to one of its parameters as given
     (`self.train_loader = train_dl`), attribute -> parameter, leaving out any attribute that another
     method (or `__init__` itself, again) also assigns: it may not hold the argument when it is read."""
-    init = next((f for f in model.class_methods(klass) if f.name == "__init__"), None)
+    init = constructor(model, klass)
     if init is None:
         return {}
     out: dict[str, str] = {}

@@ -178,6 +178,13 @@ def is_zero_literal(node: cst.BaseExpression) -> bool:
     return isinstance(node, cst.Integer) and node.evaluated_value == 0
 
 
+def bool_literal(node: Optional[cst.BaseExpression]) -> Optional[bool]:
+    """`True` -> True, `False` -> False, anything else (None included) -> None."""
+    if isinstance(node, cst.Name) and node.value in ("True", "False"):
+        return node.value == "True"
+    return None
+
+
 def literal_int(node: cst.BaseExpression) -> Optional[int]:
     """`3` -> 3, `-1` -> -1 (a unary minus on an integer), anything else -> None."""
     if isinstance(node, cst.Integer):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from typing import Optional
 
 import libcst as cst
@@ -127,17 +128,29 @@ class MissingSetEpoch(Rule):
                 continue
             # The outermost: the epoch loop, not a loop over phases or retries inside it.
             out.extend((inner.iter, expr, inner.order, inner.function, around[-1]) for expr in model.iterated_exprs(inner.iter))
-        for call in model.calls:
-            if not call.loops or (call.name or "").startswith("torch."):
+        out.extend(
+            (call.node, argument, call.order, call.function, call.loops[0])
+            for call, _, argument in self._training_helper_arguments
+        )
+        return out
+
+    @functools.cached_property
+    def _training_helper_arguments(self) -> list[tuple[Call, Function, cst.BaseExpression]]:
+        """Calls in a loop of another project module's function that trains on a loader it is given
+        (`run_epoch(model, optimizer, train_loader)`), each with that function and the argument passed
+        for a parameter its training loop draws from (one entry per such parameter)."""
+        out: list[tuple[Call, Function, cst.BaseExpression]] = []
+        for call in self.model.calls:
+            if not call.loops or not self.model.may_link(call):
                 continue  # cheap tests first: linking reads and parses the other module
-            linked = model.linked_function(call)
+            linked = self.model.linked_function(call)
             if linked is None:
                 continue
             other, function = linked
             for param in summaries.drawn_params(other, function):
                 argument = summaries.argument_for(call, function, param)
                 if argument is not None:
-                    out.append((call.node, argument, call.order, call.function, call.loops[0]))
+                    out.append((call, function, argument))
         return out
 
     def _epoch_loop_reseeds_something(self, epoch_loop: Loop) -> bool:
@@ -149,10 +162,15 @@ class MissingSetEpoch(Rule):
             linked = self.model.linked_function(call)
             if linked is not None and summaries.epoch_set_params(*linked):
                 return True
-            method = self.model.linked_method(call) if call.attr is not None and call.receiver is not None else None
-            if method is not None and summaries.class_sets_epoch(method[0], method[1].klass or ""):
+            if self._trainer_reseeds(call):
                 return True
         return False
+
+    def _trainer_reseeds(self, call: Call) -> bool:
+        """`trainer.run_epoch(epoch)` on an object of another project module's class that calls
+        set_epoch somewhere (it may well be the sampler of the loader its constructor was given)."""
+        method = self.model.linked_method(call) if call.attr is not None and call.receiver is not None else None
+        return method is not None and summaries.class_sets_epoch(method[0], method[1].klass or "")
 
     def _report_fixed(self, call: Call, epoch_loop: Loop) -> None:
         value = call.arg(0, "epoch")
@@ -239,20 +257,11 @@ class MissingSetEpoch(Rule):
             draws = [node for c, node in self.model.loop_draws(inner) if c.name == DATA_LOADER and c in fed]
             if draws and self._trains(inner):
                 out.append((draws[0], self._epoch_loops(inner, fed)))
-        for call in self.model.calls:
-            # Cheap tests first (linking reads and parses the other module): in a loop, given a loader.
-            if not call.loops or not any(
-                o in fed for a in call.args for o in self.model.origin_calls(a.value, call.order, call.function)
-            ):
-                continue
-            linked = self.model.linked_function(call)
-            if linked is None:
-                continue
-            other, function = linked
-            for param in summaries.drawn_params(other, function):
-                if any(origin in fed for origin in self._argument_origins(call, function, param)):
-                    out.append((call.node, [call.loops[0]]))
-                    break
+        drawing: list[Call] = []
+        for call, _, argument in self._training_helper_arguments:
+            if call not in drawing and any(o in fed for o in self.model.origin_calls(argument, call.order, call.function)):
+                drawing.append(call)
+        out.extend((call.node, [call.loops[0]]) for call in drawing)
         out.extend((call.node, [call.loops[0]]) for call in self._trainer_draws(fed))
         return out
 
@@ -270,7 +279,7 @@ class MissingSetEpoch(Rule):
                 continue
             other, method, constructor = linked
             stored = summaries.constructor_stores(other, method.klass or "")
-            init = next((f for f in other.class_methods(method.klass or "") if f.name == "__init__"), None)
+            init = summaries.constructor(other, method.klass or "")
             if init is None:
                 continue
             for attribute in summaries.drawn_attributes(other, method):
@@ -285,10 +294,8 @@ class MissingSetEpoch(Rule):
         sampler passed to it (`data.start_epoch(loader, epoch)`), or a method of another project
         module's class that calls set_epoch on anything (it may well be the sampler of the loader
         its constructor was given)."""
-        if call.attr is not None and call.receiver is not None:
-            method = self.model.linked_method(call)
-            if method is not None and summaries.class_sets_epoch(method[0], method[1].klass or ""):
-                return True
+        if self._trainer_reseeds(call):
+            return True
         if not any(
             o is sampler or o in fed for a in call.args for o in self.model.origin_calls(a.value, call.order, call.function)
         ):
