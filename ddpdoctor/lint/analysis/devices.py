@@ -98,7 +98,7 @@ def visible_devices_set_by_project_helper(model: ModuleModel) -> bool:
     def compute() -> bool:
         for call in model.calls:
             # Cheap tests first: linking reads and parses the other module.
-            if (call.name or "").startswith("torch.") or not runs_in_module(model, call.function):
+            if not model.may_link(call) or not runs_in_module(model, call.function):
                 continue
             linked = model.linked_function(call)
             if linked is not None and visible_devices_writes(*linked):

@@ -11,7 +11,7 @@ computed on demand and memoised with its module's model.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional, Union
+from typing import Iterator, Optional, Union
 
 import libcst as cst
 
@@ -76,16 +76,10 @@ def drawn_params(model: ModuleModel, function: Function) -> dict[str, Call]:
     """The parameters a training loop in `function` draws its batches from (`for x, y in
     tqdm(loader):` with a backward in the loop), each with that backward."""
     out: dict[str, Call] = {}
-    for loop in model.loops:
-        if loop.function is not function or loop.iter is None:
-            continue
-        backward = next((c for c in model.calls_within(loop, depth=2) if c.attr == "backward"), None)
-        if backward is None:
-            continue
-        for iterated in model.iterated_exprs(loop.iter):
-            name = param_name(model, function, iterated)
-            if name is not None:
-                out.setdefault(name, backward)
+    for backward, iterated in _training_draws(model, [function]):
+        name = param_name(model, function, iterated)
+        if name is not None:
+            out.setdefault(name, backward)
     return out
 
 
@@ -101,16 +95,25 @@ def drawn_attributes(model: ModuleModel, method: Function) -> frozenset[str]:
         if helper.name == call.attr and helper is not method
     ]
     out: set[str] = set()
+    for _, iterated in _training_draws(model, methods):
+        name = dotted_name(iterated)
+        if name is not None and name.startswith("self.") and name.count(".") == 1:
+            out.add(name)
+    return frozenset(out)
+
+
+def _training_draws(model: ModuleModel, functions: list[Function]) -> Iterator[tuple[Call, Expr]]:
+    """What the training loops of `functions` iterate (through `enumerate`, `tqdm`, `iter`), each
+    with the loop's backward: a for-loop is a training loop when a backward runs in it, directly or
+    in a helper it calls."""
     for loop in model.loops:
-        if loop.function not in methods or loop.iter is None:
+        if loop.function not in functions or loop.iter is None:
             continue
-        if not any(c.attr == "backward" for c in model.calls_within(loop, depth=2)):
+        backward = next((c for c in model.calls_within(loop, depth=2) if c.attr == "backward"), None)
+        if backward is None:
             continue
         for iterated in model.iterated_exprs(loop.iter):
-            name = dotted_name(iterated)
-            if name is not None and name.startswith("self.") and name.count(".") == 1:
-                out.add(name)
-    return frozenset(out)
+            yield backward, iterated
 
 
 def constructor(model: ModuleModel, klass: str) -> Optional[Function]:

@@ -104,7 +104,7 @@ class MissingSetDevice(Rule):
         pinned = False
         for call in self.model.calls:
             # Cheap tests first: linking reads and parses the other module.
-            if (call.name or "").startswith("torch.") or not launch.runs_in_module(self.model, call.function):
+            if not self.model.may_link(call) or not launch.runs_in_module(self.model, call.function):
                 continue
             linked = self.model.linked_function(call)
             if linked is None:
