@@ -51,12 +51,8 @@ class AccumulationWithoutNoSync(Rule):
             loop = self.model.iteration(backward)
             if loop is None:
                 continue
-            if any(self._without_accumulation(guard) for guard in backward.ctx.guards):
-                continue  # the `else:` of `if accumulation_steps > 1:`: one backward per step
-            if summaries.gradients_cleared_before(self.model, backward, loop):
-                continue  # `zero_grad()` before every backward: nothing carries over to accumulate
-            step, guard = self._conditional_step(backward, loop)
-            if step is None or guard is None:
+            guard = self._accumulation(backward, loop)
+            if guard is None:
                 continue
             found = self._ddp_forward(loop)
             if found is None:
@@ -69,6 +65,18 @@ class AccumulationWithoutNoSync(Rule):
                 f"{self.line(wrap.node)}) all-reduces the gradients on every micro-batch. Run the backward of the "
                 f"micro-batches that do not step under `with {forward.dotted}.no_sync():`.",
             )
+
+    def _accumulation(self, backward: Call, loop: Union[Loop, Function]) -> Optional[Guard]:
+        """The accumulation condition the optimizer step of `backward`'s iteration runs under, when
+        gradients do accumulate across iterations of `loop`: not in the `else:` of `if
+        accumulation_steps > 1:` (one backward per step), and no `zero_grad()` before every backward
+        (nothing carries over)."""
+        if any(self._without_accumulation(guard) for guard in backward.ctx.guards):
+            return None
+        if summaries.gradients_cleared_before(self.model, backward, loop):
+            return None
+        step, guard = self._conditional_step(backward, loop)
+        return guard if step is not None else None
 
     def _conditional_step(self, backward: Call, loop: Union[Loop, Function]) -> tuple[Optional[Call], Optional[Guard]]:
         """An `optimizer.step()` / `scaler.step(optimizer)` in the same loop iteration that runs only under
@@ -128,12 +136,8 @@ class AccumulationWithoutNoSync(Rule):
             if backward.function is not function or not backward.loops:
                 continue
             loop = backward.loops[-1]
-            if any(self._without_accumulation(guard) for guard in backward.ctx.guards):
-                continue
-            if summaries.gradients_cleared_before(self.model, backward, loop):
-                continue
-            step, guard = self._conditional_step(backward, loop)
-            if step is None or guard is None:
+            guard = self._accumulation(backward, loop)
+            if guard is None:
                 continue
             for call in self.model.calls_within(loop, depth=0):
                 param = summaries.param_name(self.model, function, call.node.func)
