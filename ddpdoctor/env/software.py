@@ -35,11 +35,7 @@ def _fill_torch(info: SoftwareInfo) -> None:
     info.torch = str(getattr(torch, "__version__", "unknown"))
     version = getattr(torch, "version", None)
     info.torch_cuda = getattr(version, "cuda", None)
-    try:
-        cudnn = torch.backends.cudnn.version()
-        info.torch_cudnn = str(cudnn) if cudnn else None
-    except Exception:
-        info.torch_cudnn = None
+    info.torch_cudnn = _cudnn_version(torch)
     info.torch_nccl = _nccl_version(torch)
     try:
         # Does not initialise CUDA in torch >= 1.13 (NVML-based count), and respects
@@ -61,6 +57,19 @@ def _fill_torch(info: SoftwareInfo) -> None:
             info.backends[name] = bool(check()) if check else False
         except Exception:
             info.backends[name] = False
+
+
+def _cudnn_version(torch: Any) -> Optional[str]:
+    """The cuDNN library's own version, asked directly: torch.backends.cudnn.version() first checks
+    compatibility with the device, which initialises CUDA (seen on an H100 with torch 2.11), and a
+    process that has done that cannot fork ranks that use CUDA -- the probe's parent runs this
+    before it forks its ranks."""
+    cudnn = getattr(torch._C, "_cudnn", None)  # absent from CPU builds
+    try:
+        version = int(cudnn.getVersionInt()) if cudnn is not None else 0
+    except Exception:
+        return None
+    return str(version) if version else None
 
 
 def _nccl_version(torch: Any) -> Optional[str]:

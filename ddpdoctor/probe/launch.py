@@ -49,6 +49,10 @@ def launch(config: RankConfig, nproc: int, nnodes: int, node_rank: int, endpoint
     from ddpdoctor.probe.worker import elastic_entry
 
     preimport(config)
+    # torch's LaunchConfig asks torch.cuda.is_available(), which (unless told to count GPUs through
+    # NVML) registers CUDA's fork poisoning: every forked rank then fails at its first CUDA call with
+    # "Cannot re-initialize CUDA in forked subprocess" (found by scripts/gpu-check on an H100).
+    os.environ.setdefault("PYTORCH_NVML_BASED_CUDA_CHECK", "1")
     out_dir = tempfile.mkdtemp(prefix="ddpdoctor-probe-")
     outcome = LaunchOutcome(out_dir=out_dir)
     config = config.with_(out_dir=out_dir, report=False)

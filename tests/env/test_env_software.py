@@ -25,6 +25,28 @@ def test_real_torch_build_is_reported() -> None:
         assert info.torch_nccl is None
 
 
+def test_cudnn_version_is_read_without_initialising_cuda(monkeypatch: pytest.MonkeyPatch) -> None:
+    """torch.backends.cudnn.version() initialises CUDA on a GPU machine, after which the probe's
+    forked ranks cannot use CUDA: the library is asked directly, and CUDA is not touched."""
+    torch = pytest.importorskip("torch")
+
+    def touched(*args: object) -> None:
+        raise AssertionError("collect_software touched CUDA")
+
+    class FakeCudnn:
+        @staticmethod
+        def getVersionInt() -> int:
+            return 91002
+
+    for name in ("is_available", "get_device_capability", "get_device_properties", "init", "_lazy_init"):
+        monkeypatch.setattr(torch.cuda, name, touched)
+    monkeypatch.setattr(torch.backends.cudnn, "version", touched)
+    monkeypatch.setattr(torch._C, "_cudnn", FakeCudnn, raising=False)
+    assert collect_software().torch_cudnn == "91002"
+    monkeypatch.delattr(torch._C, "_cudnn")  # a CPU build has none
+    assert collect_software().torch_cudnn is None
+
+
 def test_horovod_not_installed(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr("importlib.util.find_spec", lambda name: None)
     assert collect_horovod().installed is False
