@@ -23,7 +23,7 @@ from ddpdoctor.probe.config import RankConfig
 from ddpdoctor.probe.procs import SIGNALS_FOR_TORCH_ELASTIC, Watchdog, alive, interruptible, read_rank_files
 from ddpdoctor.procfs import children
 from ddpdoctor.probe.registry import checks_for
-from ddpdoctor.probe.results import LaunchOutcome
+from ddpdoctor.probe.results import LaunchOutcome, clip_traceback
 
 
 def run_id_for(run_id: "str | None", nnodes: int, rdzv_endpoint: "str | None") -> str:
@@ -180,5 +180,5 @@ def _failure_info(failure: Any) -> dict[str, Any]:
         "exitcode": exitcode,
         "signal": sig,
         "message": str(message or failure.message or "")[:2000],
-        "traceback": tb[-4000:],
+        "traceback": clip_traceback(tb),
     }

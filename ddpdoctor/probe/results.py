@@ -89,6 +89,14 @@ def format_ranks(ranks: Iterable[int]) -> str:
     return ("rank " if len(ordered) == 1 else "ranks ") + ", ".join(str(r) for r in ordered)
 
 
+def blame_line(ranks: Iterable[int], message: str) -> str:
+    """"rank 1: <message>", without saying "rank 1" twice when the message already starts with it."""
+    ordered = sorted(set(ranks))
+    if len(ordered) == 1 and message.startswith(f"rank {ordered[0]} "):
+        return message
+    return f"{format_ranks(ordered)}: {message}"
+
+
 def blame_failures(rec: CheckRecord, advice: str = "") -> bool:
     """If any rank failed or errored, name them with the first one's message (and the advice) in
     the record's summary and return True; else leave the record alone and return False."""
@@ -96,9 +104,32 @@ def blame_failures(rec: CheckRecord, advice: str = "") -> bool:
     if not bad:
         return False
     first = next(e for e in rec["ranks"] if e["rank"] in bad)
-    rec["summary"] = f"{format_ranks(bad)}: {first['message']}"
+    rec["summary"] = blame_line(bad, first["message"])
     rec["advice"] = rec.get("advice") or advice
     return True
+
+
+# A traceback is shown whole; only a pathological one (deep recursion) is cut, in the middle and at
+# line boundaries, so that both where it started and where it ended stay readable.
+TRACEBACK_LIMIT = 16000
+_TRACEBACK_HEAD_LINES = 12
+
+
+def clip_traceback(text: str, limit: int = TRACEBACK_LIMIT) -> str:
+    if len(text) <= limit:
+        return text
+    lines = text.splitlines()
+    head = lines[:_TRACEBACK_HEAD_LINES]
+    budget = limit - sum(len(line) + 1 for line in head) - 64
+    tail: list[str] = []
+    for line in reversed(lines[_TRACEBACK_HEAD_LINES:]):
+        if budget - len(line) - 1 < 0:
+            break
+        budget -= len(line) + 1
+        tail.append(line)
+    tail.reverse()
+    omitted = len(lines) - len(head) - len(tail)
+    return "\n".join([*head, f"  ... ({omitted} lines omitted) ...", *tail]) + "\n"
 
 
 def exit_code(checks: Iterable[CheckRecord]) -> int:

@@ -128,7 +128,7 @@ def run_checks(
             raise  # the self-test wants this rank really dead
         except Exception as exc:  # noqa: BLE001 -- report it, attributed to this rank
             mine = R.entry(me.rank, R.ERROR, f"{type(exc).__name__}: {first_line(exc)}"[:300],
-                           traceback=traceback.format_exc()[-4000:])
+                           traceback=R.clip_traceback(traceback.format_exc()))
         mine["detail"]["seconds"] = round(time.perf_counter() - started, 4)
         rank_file.data["own"][spec.name] = mine
         rank_file.update()
@@ -141,7 +141,7 @@ def run_checks(
             rec["status"] = R.FAIL
             # The missing ranks are the news; the others' errors are usually just waiting on them.
             gone = next(e for e in rec["ranks"] if e["rank"] == missing[0])
-            rec["summary"] = f"{R.format_ranks(missing)}: {gone['message']}"
+            rec["summary"] = R.blame_line(missing, gone["message"])
             abort = f"not run: {R.format_ranks(missing)} stopped responding during {spec.name}"
         elif rec["status"] == R.ERROR:
             # A rank raised mid-sequence: the process group may be out of step, so stop here.
@@ -233,7 +233,7 @@ def run_rank(
     except BaseException:
         text = traceback.format_exc()
         post_crash(store, me.rank, text)
-        rank_file.update(crashed=text[-4000:])
+        rank_file.update(crashed=R.clip_traceback(text))
         raise
     finally:
         stall.disarm()  # checks that need no process group never reach the session's start
