@@ -3,8 +3,12 @@ installed without it, and `ddpdoctor --help` must stay fast."""
 
 from __future__ import annotations
 
+import importlib.util
 import os
+import signal
 import sys
+from pathlib import Path
+from types import FrameType
 from typing import Any, Optional
 
 import click
@@ -12,7 +16,7 @@ import click
 from ddpdoctor.probe.faults import FAULT_KINDS
 from ddpdoctor.probe.options import OptionError, ProbeOptions, parse_checks, parse_faults_option, resolve_local_address
 from ddpdoctor.probe.registry import FRAMEWORKS, TORCH, names_for
-from ddpdoctor.probe.results import EXIT_COULD_NOT_RUN, EXIT_INTERRUPTED
+from ddpdoctor.probe.results import EXIT_COULD_NOT_RUN, EXIT_INTERRUPTED, EXIT_TERMINATED
 
 
 def _fail(message: str) -> None:
@@ -21,7 +25,8 @@ def _fail(message: str) -> None:
 
 
 @click.command("probe")
-@click.option("--nproc", type=int, default=None, help="Ranks on this node (default: one per GPU, or 2 on CPU).")
+@click.option("--nproc", "--nproc-per-node", "--nproc_per_node", "nproc", type=int, default=None,
+              help="Ranks on this node (default: one per GPU, or 2 on CPU); at most 8 per CPU core without --force.")
 @click.option("--nnodes", type=int, default=1, show_default=True, help="Number of nodes (each runs `ddpdoctor probe`).")
 @click.option("--node-rank", type=int, default=0, show_default=True, help="This node's rank (0 hosts the rendezvous).")
 @click.option("--rdzv-endpoint", default=None, metavar="HOST:PORT", help="c10d rendezvous endpoint, the same on every node (multi-node).")
@@ -38,54 +43,96 @@ def _fail(message: str) -> None:
               help=f"Make RANK misbehave on purpose to prove the detectors work; KIND: {', '.join(FAULT_KINDS)}.")
 @click.option("--run-id", default=None, help="Rendezvous run id (multi-node default: derived from the endpoint).")
 @click.option("--format", "output_format", type=click.Choice(["text", "json"]), default="text", show_default=True)
+@click.option("--output-file", "-o", type=click.Path(dir_okay=False), default=None, help="Write the report to a file.")
+@click.option("--force", is_flag=True, help="Start more than 8 ranks per CPU core.")
+@click.option("--verbose", "-v", is_flag=True, help="Let torch's own launcher log (and the rendezvous's retries) through.")
 def probe(
     nproc: Optional[int], nnodes: int, node_rank: int, rdzv_endpoint: Optional[str], master_addr: str,
     master_port: int, framework: str, backend: str, device: str, timeout: float, join_timeout: float, checks_text: Optional[str],
-    faults_text: tuple[str, ...], run_id: Optional[str], output_format: str,
+    faults_text: tuple[str, ...], run_id: Optional[str], output_format: str, output_file: Optional[str], force: bool,
+    verbose: bool,
 ) -> None:
     """Launch real ranks and prove they agree with a single-process reference.
 
     Runs small real collectives, DDP steps, SyncBatchNorm and sampler checks on every rank and names
     the rank that disagrees, hangs or dies. Exit status: 0 all passed, 1 a check failed, 2 could not
-    run, 130 interrupted (Ctrl-C).
+    run, 130 interrupted (Ctrl-C), 143 terminated (SIGTERM).
     """
     try:
         options = ProbeOptions(
             nproc=nproc, nnodes=nnodes, node_rank=node_rank, rdzv_endpoint=rdzv_endpoint, master_addr=master_addr,
             master_port=master_port, framework=framework, backend=backend, device=device, timeout=timeout,
             join_timeout=join_timeout, faults=parse_faults_option(faults_text),
-            checks=parse_checks(checks_text, framework), output_format=output_format, run_id=run_id,
+            checks=parse_checks(checks_text, framework), output_format=output_format, run_id=run_id, force=force,
         )
         options.validate()
         if options.nnodes == 1:
             resolve_local_address(options.master_addr)
+        if output_file:
+            writable_report_path(output_file)
     except OptionError as exc:
         _fail(str(exc))
         return
-    try:
-        import torch  # noqa: F401 -- only to give a clear message when the extra is missing
-    except ImportError:
+    if importlib.util.find_spec("torch") is None:  # found, not imported: run_probe imports it when needed
         _fail("the probe needs torch: pip install 'ddpdoctor[probe]'")
         return
-    from ddpdoctor.probe.report import render_text, to_json
+    from ddpdoctor.probe.report import plain_text, render_text, to_json
     from ddpdoctor.probe.runner import CouldNotRun, Interrupted, run_probe
 
-    spinner = _Progress() if output_format == "text" else _Progress(enabled=False)
+    spinner = _Progress() if output_format == "text" and not output_file else _Progress(enabled=False)
+    saved_sigterm = signal.signal(signal.SIGTERM, _on_sigterm)
     try:
         with spinner:
-            report = run_probe(options, progress=spinner.update, warn=_warn)
+            report = run_probe(options, progress=spinner.update, warn=_warn, verbose=verbose)
     except (OptionError, CouldNotRun) as exc:
         _fail(str(exc))
         return
-    except (Interrupted, KeyboardInterrupt):
-        click.echo("ddpdoctor probe: interrupted", err=True)
-        _exit(EXIT_INTERRUPTED)
+    except Interrupted as exc:
+        _stopped(exc.signal_name)
         return
-    if output_format == "json":
+    except KeyboardInterrupt:
+        _stopped("SIGINT")
+        return
+    finally:
+        signal.signal(signal.SIGTERM, saved_sigterm)
+    if output_file:
+        try:
+            Path(output_file).write_text(to_json(report) + "\n" if output_format == "json" else plain_text(report),
+                                         encoding="utf-8")
+        except OSError as exc:
+            _fail(f"cannot write the report to {output_file}: {exc.strerror or exc}")
+            return
+    elif output_format == "json":
         click.echo(to_json(report))
     else:
         render_text(report)
     _exit(report["exit_code"])
+
+
+def writable_report_path(path: str) -> None:
+    """Say now, before any rank starts, when the report could not be written at the end."""
+    target = Path(path)
+    if target.is_dir():
+        raise OptionError(f"--output-file {path}: is a directory")
+    parent = target.parent if str(target.parent) else Path(".")
+    if not parent.is_dir():
+        raise OptionError(f"--output-file {path}: no directory {parent}")
+    if not os.access(target if target.exists() else parent, os.W_OK):
+        raise OptionError(f"--output-file {path}: not writable")
+
+
+def _on_sigterm(signum: int, frame: Optional[FrameType]) -> None:
+    """SIGTERM outside the launch (which has its own handler): stop as the launch would."""
+    from ddpdoctor.probe.runner import Interrupted
+
+    raise Interrupted("SIGTERM")
+
+
+def _stopped(signal_name: str) -> None:
+    """Interrupted (SIGINT, 130) or terminated (SIGTERM, 143): no verdict, only which."""
+    terminated = signal_name == "SIGTERM"
+    click.echo(f"ddpdoctor probe: {'terminated' if terminated else 'interrupted'}", err=True)
+    _exit(EXIT_TERMINATED if terminated else EXIT_INTERRUPTED)
 
 
 def _warn(message: str) -> None:

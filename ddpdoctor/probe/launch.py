@@ -23,6 +23,7 @@ from ddpdoctor.probe.config import RankConfig
 from ddpdoctor.probe.procs import SIGNALS_FOR_TORCH_ELASTIC, Watchdog, alive, interruptible, read_rank_files
 from ddpdoctor.procfs import children
 from ddpdoctor.probe.registry import checks_for
+from ddpdoctor.probe.rendezvous import stores_bound_to
 from ddpdoctor.probe.results import LaunchOutcome, clip_traceback
 
 
@@ -41,7 +42,9 @@ def overall_deadline(config: RankConfig) -> float:
 
 
 def launch(config: RankConfig, nproc: int, nnodes: int, node_rank: int, endpoint: str, local_addr: "str | None",
-           grace_s: float) -> LaunchOutcome:
+           grace_s: float, bind_addr: "str | None" = None, verbose: bool = False) -> LaunchOutcome:
+    """`bind_addr`: where the stores this node hosts listen (None: torch's own choice, every
+    interface); `verbose` lets torch elastic's own log through."""
     from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, Std
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
@@ -84,11 +87,11 @@ def launch(config: RankConfig, nproc: int, nnodes: int, node_rank: int, endpoint
     quiet = [logging.getLogger(n) for n in ("torch.distributed.elastic", "torch.multiprocessing", "torch.distributed.launcher")]
     saved_levels = [lg.level for lg in quiet]
     for lg in quiet:
-        lg.setLevel(logging.CRITICAL)
+        lg.setLevel(logging.INFO if verbose else logging.CRITICAL)
     started = time.monotonic()
     outcome.started_at = time.time()
     try:
-        with interruptible(outcome), _short_exit_barrier(max(2.0, config.timeout)):
+        with interruptible(outcome), _short_exit_barrier(max(2.0, config.timeout)), stores_bound_to(bind_addr):
             elastic_launch(launch_config, elastic_entry)(config.to_json())
     except ChildFailedError as exc:
         for global_rank, failure in exc.failures.items():

@@ -15,6 +15,10 @@ from ddpdoctor.probe.registry import FRAMEWORKS, TORCH, names_for
 
 __all__ = ["FAULT_KINDS", "FaultSpec", "OptionError", "ProbeOptions", "parse_checks", "parse_endpoint", "parse_faults_option"]
 
+# More local ranks than this per CPU core is a typo, not a test (`--nproc 10000` would fork ten thousand
+# processes); --force allows it.
+MAX_RANKS_PER_CORE = 8
+
 # How long the resolver may take for --master-addr before we say so (it is a local lookup for the
 # names people use: localhost, this host's name, an address).
 RESOLVE_LIMIT_S = 5.0
@@ -127,12 +131,18 @@ class ProbeOptions:
     checks: tuple[str, ...] = names_for(TORCH)
     output_format: str = "text"
     run_id: Optional[str] = None
+    force: bool = False
 
     def validate(self) -> None:
         if self.framework not in FRAMEWORKS:
             raise OptionError(f"--framework must be one of {', '.join(FRAMEWORKS)}")
         if self.nproc is not None and self.nproc < 1:
             raise OptionError("--nproc must be >= 1")
+        if self.nproc is not None and not self.force and self.nproc > MAX_RANKS_PER_CORE * cpu_count():
+            raise OptionError(
+                f"--nproc {self.nproc} is more than {MAX_RANKS_PER_CORE} ranks per CPU core on this machine "
+                f"({cpu_count()} cores, at most {MAX_RANKS_PER_CORE * cpu_count()}); pass --force to start them anyway"
+            )
         if self.nnodes < 1:
             raise OptionError("--nnodes must be >= 1")
         if not 0 <= self.node_rank < self.nnodes:

@@ -4,6 +4,7 @@ No torch here."""
 
 from __future__ import annotations
 
+import io
 import json
 import sys
 from typing import IO, Any, Optional
@@ -126,6 +127,13 @@ def render_plain(report: dict[str, Any], stream: Optional[IO[str]] = None) -> No
     lines.extend(text for text, _ in _failure_lines(report))
     out.write("\n".join(lines) + "\n")
     out.flush()
+
+
+def plain_text(report: dict[str, Any]) -> str:
+    """The plain report as one string (`--output-file`)."""
+    buffer = io.StringIO()
+    render_plain(report, buffer)
+    return buffer.getvalue()
 
 
 def render_rich(report: dict[str, Any], console: Optional[Any] = None) -> None:

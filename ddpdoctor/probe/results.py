@@ -17,8 +17,9 @@ from typing import Any, Iterable, Optional, TypedDict
 PASS, FAIL, SKIP, ERROR = "pass", "fail", "skip", "error"
 STATUSES = (PASS, FAIL, SKIP, ERROR)
 
-# Exit statuses of `ddpdoctor probe`. 130 is the shell's convention for "ended by SIGINT".
-EXIT_OK, EXIT_FAILED, EXIT_COULD_NOT_RUN, EXIT_INTERRUPTED = 0, 1, 2, 130
+# Exit statuses of `ddpdoctor probe`. 130 and 143 are the shell's convention for "ended by SIGINT"
+# and "ended by SIGTERM" (128 + the signal's number).
+EXIT_OK, EXIT_FAILED, EXIT_COULD_NOT_RUN, EXIT_INTERRUPTED, EXIT_TERMINATED = 0, 1, 2, 130, 143
 
 
 class RankEntry(TypedDict):
@@ -156,8 +157,10 @@ class LaunchOutcome:
     failures: dict[int, dict[str, Any]] = field(default_factory=dict)
     # Set when the launch itself failed (rendezvous, bad address): the probe could not run.
     launch_error: Optional[str] = None
-    # Set when the user interrupted the run (SIGINT): not a verdict on any rank.
+    # Set when the user interrupted the run (SIGINT) or it was told to stop (SIGTERM, by the
+    # signal's name): not a verdict on any rank.
     interrupted: bool = False
+    stop_signal: str = "SIGINT"
     killed_hung_pids: set[int] = field(default_factory=set)
     deadline_hit: bool = False
     elapsed_s: float = 0.0

@@ -65,7 +65,7 @@ def test_bad_options_exit_2_with_one_line(args: list[str], message: str) -> None
 
 def test_nccl_on_a_machine_without_enough_gpus_is_refused_before_launch() -> None:
     # torch here is a CPU build (or has fewer GPUs than 64 ranks): refused in one line, nothing launched.
-    result = CliRunner().invoke(probe, ["--backend", "nccl", "--nproc", "64"])
+    result = CliRunner().invoke(probe, ["--backend", "nccl", "--nproc", "64", "--force"])
     assert result.exit_code == 2
     assert "Traceback" not in result.output
     assert "NCCL" in result.output or "nccl" in result.output

@@ -1,0 +1,152 @@
+"""Launch polish, with real processes: an unreachable rendezvous is one line within the join
+timeout; the stores listen only where told (loopback by default, checked with `ss -ltnp`); SIGTERM
+ends the run as "terminated" (143); --nproc has a bound; torchrun's --nproc-per-node and lint's
+--output-file are accepted."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import signal
+import subprocess
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from ddpdoctor.probe import options as probe_options
+from ddpdoctor.probe.command import probe
+from ddpdoctor.probe.options import OptionError, ProbeOptions
+from probe_helpers import PROBE, REPO, assert_no_leftovers, free_port, probe_env, processes_with_mark, run_probe
+
+# 127.0.0.9 is loopback: nothing listens there, and no traffic leaves the machine.
+UNREACHABLE = "127.0.0.9"
+
+
+def test_unreachable_rendezvous_fails_within_the_join_timeout_in_one_line() -> None:
+    run = run_probe("--nnodes", "2", "--node-rank", "1", "--rdzv-endpoint", f"{UNREACHABLE}:{free_port()}",
+                    "--nproc-per-node", "1", "--join-timeout", "3")
+    assert run.returncode == 2, run.stdout + run.stderr
+    lines = run.stderr.strip().splitlines()
+    assert len(lines) == 1, run.stderr
+    assert lines[0].startswith(f"ddpdoctor probe: error: rendezvous endpoint {UNREACHABLE}:")
+    assert "within --join-timeout 3s" in lines[0]
+    # It waited for node 0 the whole join timeout (node 0 may start later), and not much longer.
+    assert 3 <= run.seconds < 3 + 4, run.seconds
+
+
+def test_verbose_shows_each_try_at_the_rendezvous() -> None:
+    run = run_probe("--nnodes", "2", "--node-rank", "1", "--rdzv-endpoint", f"{UNREACHABLE}:{free_port()}",
+                    "--nproc", "1", "--join-timeout", "1", "--verbose")
+    assert run.returncode == 2
+    assert "warning: rendezvous" in run.stderr and "retrying" in run.stderr
+
+
+def _listeners(pid: int) -> list[str]:
+    """Local addresses of the TCP sockets process `pid` listens on, as `ss -ltnp` shows them."""
+    out = subprocess.run(["ss", "-Hltnp"], capture_output=True, text=True, check=True).stdout
+    return [line.split()[3] for line in out.splitlines() if f"pid={pid}," in line]
+
+
+def _start(mark: str, *args: str) -> subprocess.Popen:
+    return subprocess.Popen([*PROBE, "--nproc", "2", "--checks", "world,liveness", "--timeout", "30",
+                             "--inject-fault", "hang:1", *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, env=probe_env(mark), cwd=REPO)
+
+
+def _wait_for_ranks(proc: subprocess.Popen, mark: str) -> None:
+    deadline = time.monotonic() + 90
+    while len(processes_with_mark(mark)) < 3 and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert proc.poll() is None, proc.communicate()[1][-2000:]
+    time.sleep(1.0)  # the ranks connect to the agent's store once forked
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(shutil.which("ss") is None, reason="needs ss (iproute2)")
+def test_stores_listen_on_loopback_only_and_sigterm_ends_the_run_as_terminated() -> None:
+    mark = uuid.uuid4().hex
+    proc = _start(mark)
+    try:
+        _wait_for_ranks(proc, mark)
+        listening = _listeners(proc.pid)
+        # The rendezvous store and the agent's store, both on loopback: none on every interface.
+        assert len(listening) >= 2, listening
+        assert all(address.startswith("127.0.0.1:") for address in listening), listening
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 143, err
+    assert err.strip().splitlines()[-1] == "ddpdoctor probe: terminated"
+    assert "check" not in out + err  # no verdict at all, least of all "a check failed"
+    assert_no_leftovers(mark)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(shutil.which("ss") is None, reason="needs ss (iproute2)")
+def test_stores_listen_where_master_addr_says() -> None:
+    mark = uuid.uuid4().hex
+    proc = _start(mark, "--master-addr", "127.0.0.5")
+    try:
+        _wait_for_ranks(proc, mark)
+        listening = _listeners(proc.pid)
+        assert listening and all(address.startswith("127.0.0.5:") for address in listening), listening
+    finally:
+        proc.kill()
+        proc.communicate(timeout=30)
+    assert_no_leftovers(mark)
+
+
+def test_nproc_past_eight_per_core_is_refused_before_anything_starts() -> None:
+    mark = uuid.uuid4().hex
+    start = time.monotonic()
+    proc = subprocess.run([*PROBE, "--nproc", "10000"], capture_output=True, text=True, env=probe_env(mark), cwd=REPO,
+                          timeout=60)
+    assert proc.returncode == 2
+    assert re.fullmatch(r"ddpdoctor probe: error: --nproc 10000 is more than 8 ranks per CPU core on this machine "
+                        r"\(\d+ cores, at most \d+\); pass --force to start them anyway\n", proc.stderr), proc.stderr
+    assert time.monotonic() - start < 20
+    assert_no_leftovers(mark)
+
+
+def test_nproc_bound_is_eight_per_core_and_force_lifts_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(probe_options, "cpu_count", lambda: 2)
+    ProbeOptions(nproc=16).validate()  # just inside
+    with pytest.raises(OptionError, match="--nproc 17 is more than 8 ranks per CPU core"):
+        ProbeOptions(nproc=17).validate()  # just past
+    ProbeOptions(nproc=17, force=True).validate()
+
+
+@pytest.mark.parametrize("path_kind", ["missing-dir", "directory"])
+def test_unwritable_output_file_is_refused_before_launch(tmp_path: Path, path_kind: str) -> None:
+    target = tmp_path / "no" / "report.txt" if path_kind == "missing-dir" else tmp_path
+    result = CliRunner().invoke(probe, ["--nproc", "2", "--output-file", str(target)])
+    assert result.exit_code == 2
+    assert "no directory" in result.output if path_kind == "missing-dir" else "is a directory" in result.output
+    assert "Traceback" not in result.output
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("spelling", ["--nproc-per-node", "--nproc_per_node"])
+def test_torchrun_spelling_and_output_file(tmp_path: Path, spelling: str) -> None:
+    report = tmp_path / "probe.json"
+    run = run_probe(spelling, "2", "--checks", "world", "--format", "json", "-o", str(report))
+    assert run.returncode == 0, run.stderr
+    assert run.stdout == ""  # the report went to the file, as with `lint -o`
+    data = json.loads(report.read_text())
+    assert data["world_size"] == 2 and data["checks"][0]["status"] == "pass"
+
+
+@pytest.mark.slow
+def test_text_report_to_a_file_is_plain(tmp_path: Path) -> None:
+    report = tmp_path / "probe.txt"
+    run = run_probe("--nproc", "2", "--checks", "world", "--output-file", str(report))
+    assert run.returncode == 0, run.stderr
+    text = report.read_text()
+    assert "\x1b[" not in text
+    assert "verdict: all 1 checks passed on 2 ranks" in text
