@@ -14,7 +14,9 @@ from typing import Any, Optional
 import click
 
 from ddpdoctor.probe.faults import FAULT_KINDS
-from ddpdoctor.probe.options import OptionError, ProbeOptions, parse_checks, parse_faults_option, resolve_local_address
+from ddpdoctor.probe.options import (OptionError, ProbeOptions, parse_checks, parse_faults_option, parse_size,
+                                     resolve_local_address)
+from ddpdoctor.probe.plot import plot_problem
 from ddpdoctor.probe.registry import FRAMEWORKS, TORCH, names_for
 from ddpdoctor.probe.results import EXIT_COULD_NOT_RUN, EXIT_INTERRUPTED, EXIT_TERMINATED
 
@@ -44,13 +46,16 @@ def _fail(message: str) -> None:
 @click.option("--run-id", default=None, help="Rendezvous run id (multi-node default: derived from the endpoint).")
 @click.option("--format", "output_format", type=click.Choice(["text", "json"]), default="text", show_default=True)
 @click.option("--output-file", "-o", type=click.Path(dir_okay=False), default=None, help="Write the report to a file.")
+@click.option("--links", is_flag=True, help="Also map every rank pair's bandwidth and latency, both ways, and name slow links and ranks.")
+@click.option("--link-size", default=None, metavar="SIZE", help="The link map's message size, e.g. 64K, 1M (default: 1M on CPU, 64M on GPUs).")
+@click.option("--plot", default=None, metavar="FILE", help="Draw the link map to FILE.png or FILE.svg (needs the 'plot' extra: matplotlib).")
 @click.option("--force", is_flag=True, help="Start more than 8 ranks per CPU core.")
 @click.option("--verbose", "-v", is_flag=True, help="Let torch's own launcher log (and the rendezvous's retries) through.")
 def probe(
     nproc: Optional[int], nnodes: int, node_rank: int, rdzv_endpoint: Optional[str], master_addr: str,
     master_port: int, framework: str, backend: str, device: str, timeout: float, join_timeout: float, checks_text: Optional[str],
-    faults_text: tuple[str, ...], run_id: Optional[str], output_format: str, output_file: Optional[str], force: bool,
-    verbose: bool,
+    faults_text: tuple[str, ...], run_id: Optional[str], output_format: str, output_file: Optional[str], links: bool,
+    link_size: Optional[str], plot: Optional[str], force: bool, verbose: bool,
 ) -> None:
     """Launch real ranks and prove they agree with a single-process reference.
 
@@ -63,13 +68,21 @@ def probe(
             nproc=nproc, nnodes=nnodes, node_rank=node_rank, rdzv_endpoint=rdzv_endpoint, master_addr=master_addr,
             master_port=master_port, framework=framework, backend=backend, device=device, timeout=timeout,
             join_timeout=join_timeout, faults=parse_faults_option(faults_text),
-            checks=parse_checks(checks_text, framework), output_format=output_format, run_id=run_id, force=force,
+            checks=parse_checks(checks_text, framework, extra=("links",) if links else ()), output_format=output_format,
+            run_id=run_id, force=force, link_bytes=parse_size("--link-size", link_size) if link_size else 0,
         )
         options.validate()
         if options.nnodes == 1:
             resolve_local_address(options.master_addr)
         if output_file:
-            writable_report_path(output_file)
+            writable_path("--output-file", output_file)
+        if plot:
+            if "links" not in options.checks:
+                raise OptionError("--plot draws the link map: add --links")
+            problem = plot_problem(plot)
+            if problem:
+                raise OptionError(problem)
+            writable_path("--plot", plot)
     except OptionError as exc:
         _fail(str(exc))
         return
@@ -106,19 +119,36 @@ def probe(
         click.echo(to_json(report))
     else:
         render_text(report)
+    if plot:
+        _draw(report, plot)
     _exit(report["exit_code"])
 
 
-def writable_report_path(path: str) -> None:
-    """Say now, before any rank starts, when the report could not be written at the end."""
+def _draw(report: dict[str, Any], path: str) -> None:
+    from ddpdoctor.probe.plot import draw_link_map
+
+    record = next((c for c in report["checks"] if c["name"] == "links"), None)
+    detail = (record or {}).get("detail") or {}
+    if not detail.get("bandwidth_GBps"):
+        _warn(f"no link map to draw in {path}: the link map did not run to the end")
+        return
+    title = f"ddpdoctor link map: {report['world_size']} ranks, {report['backend']} on {report['device']}"
+    try:
+        draw_link_map(detail, path, title)
+    except OSError as exc:
+        _warn(f"cannot write {path}: {exc.strerror or exc}")
+
+
+def writable_path(option: str, path: str) -> None:
+    """Say now, before any rank starts, when a file could not be written at the end."""
     target = Path(path)
     if target.is_dir():
-        raise OptionError(f"--output-file {path}: is a directory")
+        raise OptionError(f"{option} {path}: is a directory")
     parent = target.parent if str(target.parent) else Path(".")
     if not parent.is_dir():
-        raise OptionError(f"--output-file {path}: no directory {parent}")
+        raise OptionError(f"{option} {path}: no directory {parent}")
     if not os.access(target if target.exists() else parent, os.W_OK):
-        raise OptionError(f"--output-file {path}: not writable")
+        raise OptionError(f"{option} {path}: not writable")
 
 
 def _on_sigterm(signum: int, frame: Optional[FrameType]) -> None:

@@ -112,7 +112,7 @@ def run_probe(options: ProbeOptions, progress: Optional[Callable[[str], None]] =
         framework=options.framework, backend=selection.backend, device=selection.device, timeout=timeout,
         join_timeout=join_timeout, faults=options.faults, checks=options.checks,
         run_id=run_id_for(options.run_id, options.nnodes, options.rdzv_endpoint), report=False,
-        output_format=options.output_format,
+        output_format=options.output_format, link_bytes=options.link_bytes,
     )
     if options.framework == HOROVOD:
         from ddpdoctor.probe.hvd_launch import launch_horovod

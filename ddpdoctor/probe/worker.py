@@ -340,7 +340,7 @@ class TorchSession:
         self._ctx = Context(
             rank=me.rank, world_size=me.world_size, local_rank=me.local_rank, local_world_size=me.local_world_size,
             node_rank=me.node_rank, backend=self.backend, device=device, timeout=config.timeout,
-            faults=Faults(config.faults, me.rank),
+            faults=Faults(config.faults, me.rank), link_bytes=config.link_bytes,
         )
 
     def context(self) -> Any:

@@ -30,7 +30,11 @@ def test_parse_fault() -> None:
 
 def test_parse_checks_keeps_canonical_order() -> None:
     assert parse_checks("sampler,world") == ("world", "sampler")
-    assert parse_checks(None) == names_for(TORCH)
+    # By default every check but the link map, which runs on request (--links, or by name).
+    assert parse_checks(None) == tuple(name for name in names_for(TORCH) if name != "links")
+    assert parse_checks(None, extra=("links",)) == names_for(TORCH)
+    assert parse_checks("links,world") == ("world", "links")
+    assert parse_checks("world", extra=("links",)) == ("world", "links")
     with pytest.raises(OptionError, match="unknown check"):
         parse_checks("world,nope")
 
