@@ -47,8 +47,12 @@ def draw_link_map(detail: dict[str, Any], path: str, title: str) -> None:
         if n <= 16:
             for a in range(n):
                 for b in range(n):
-                    if values[a][b] == values[a][b]:  # not NaN
-                        ax.text(b, a, f"{values[a][b]:.3g}", ha="center", va="center", fontsize=8, color="white")
+                    value = values[a][b]
+                    if value == value:  # not NaN (the diagonal)
+                        red, green, blue, _ = image.cmap(image.norm(value))
+                        light = 0.299 * red + 0.587 * green + 0.114 * blue > 0.5
+                        ax.text(b, a, f"{value:.0f}" if value >= 100 else f"{value:.3g}", ha="center", va="center",
+                                fontsize=8, color="black" if light else "white")
         for a, b in slow:
             ax.add_patch(Rectangle((b - 0.5, a - 0.5), 1, 1, fill=False, edgecolor="red", linewidth=2.5))
     figure.suptitle(title)
