@@ -285,14 +285,29 @@ def connect_store(addr: str, port: int, world_size: int, is_master: bool, join_t
 
     import torch.distributed as dist
 
+    from ddpdoctor.probe.options import OptionError, resolve_local_address
+    from ddpdoctor.probe.rendezvous import bound_store
+
+    bind_to: Optional[str] = None
+    if is_master:
+        # Rank 0 hosting the store (a bare RANK/WORLD_SIZE launch): listen on MASTER_ADDR only, as
+        # the probe's own launch does, not on every interface.
+        try:
+            bind_to = resolve_local_address(addr)
+        except OptionError:
+            bind_to = None  # not an address of this host as far as we can tell: torch's own choice
     deadline = time.monotonic() + join_timeout
     while True:
         # Short connection attempts, retried: a connect that stalls (seen rarely on an overloaded
         # host right after fork) is abandoned and tried again rather than eating the whole budget.
         attempt = max(1.0, min(3.0, deadline - time.monotonic()))
+        options: dict[str, Any] = {"world_size": world_size, "timeout": timedelta(seconds=attempt),
+                                   "wait_for_workers": False}
         try:
-            store = dist.TCPStore(addr, port, world_size, is_master=is_master,
-                                  timeout=timedelta(seconds=attempt), wait_for_workers=False)
+            if is_master and bind_to is not None:
+                store = bound_store(bind_to, port, **options)
+            else:
+                store = dist.TCPStore(addr, port, is_master=is_master, **options)
             break
         except Exception:  # noqa: BLE001
             if is_master or time.monotonic() + 0.1 >= deadline:

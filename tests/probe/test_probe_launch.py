@@ -6,10 +6,12 @@ ends the run as "terminated" (143); --nproc has a bound; torchrun's --nproc-per-
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 import signal
 import subprocess
+import sys
 import time
 import uuid
 from pathlib import Path
@@ -150,3 +152,46 @@ def test_text_report_to_a_file_is_plain(tmp_path: Path) -> None:
     text = report.read_text()
     assert "\x1b[" not in text
     assert "verdict: all 1 checks passed on 2 ranks" in text
+
+
+def test_bound_store_serves_on_the_address_it_was_given_only() -> None:
+    from datetime import timedelta
+
+    import torch.distributed as dist
+
+    from ddpdoctor.probe.rendezvous import bound_store
+
+    store = bound_store("127.0.0.1", 0, world_size=2, timeout=timedelta(seconds=5), wait_for_workers=False)
+    store.set("k", "v")
+    client = dist.TCPStore("127.0.0.1", store.port, is_master=False, timeout=timedelta(seconds=5))
+    assert client.get("k") == b"v"
+    if shutil.which("ss"):
+        assert f"127.0.0.1:{store.port}" in _listeners(os.getpid())
+        assert all(address.startswith("127.0.0.1:") for address in _listeners(os.getpid()))
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(shutil.which("ss") is None, reason="needs ss (iproute2)")
+def test_rank_zero_of_a_bare_launch_hosts_its_store_on_master_addr_only() -> None:
+    mark, port = uuid.uuid4().hex, free_port()
+    procs = []
+    for rank in (0, 1):
+        env = {**probe_env(mark), "RANK": str(rank), "WORLD_SIZE": "2", "LOCAL_RANK": str(rank),
+               "LOCAL_WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
+        env.pop("TORCHELASTIC_USE_AGENT_STORE", None)
+        procs.append(subprocess.Popen([sys.executable, "-m", "ddpdoctor.probe", "--checks", "world,liveness",
+                                       "--timeout", "30", "--inject-fault", "hang:1"], env=env, cwd=REPO,
+                                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+    try:
+        deadline = time.monotonic() + 60
+        listening: list[str] = []
+        while time.monotonic() < deadline and not any(a.endswith(f":{port}") for a in listening):
+            time.sleep(0.2)
+            listening = _listeners(procs[0].pid)
+        assert f"127.0.0.1:{port}" in listening, listening
+        assert all(not a.startswith(("*:", "0.0.0.0:", "[::]:")) for a in listening), listening
+    finally:
+        for proc in procs:
+            proc.kill()
+            proc.wait(timeout=30)
+    assert_no_leftovers(mark)
