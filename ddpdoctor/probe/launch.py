@@ -20,6 +20,7 @@ import uuid
 from typing import Any, Iterator
 
 from ddpdoctor.probe.config import RankConfig
+from ddpdoctor.probe.linkmap import time_budget
 from ddpdoctor.probe.procs import SIGNALS_FOR_TORCH_ELASTIC, Watchdog, alive, interruptible, read_rank_files
 from ddpdoctor.procfs import children
 from ddpdoctor.probe.registry import checks_for
@@ -36,9 +37,11 @@ def run_id_for(run_id: "str | None", nnodes: int, rdzv_endpoint: "str | None") -
     return f"ddpdoctor-{uuid.uuid4().hex[:12]}"
 
 
-def overall_deadline(config: RankConfig) -> float:
-    """Upper bound on a run: join, plus each check's worst case (run + exchange + decision wait)."""
-    return config.join_timeout + len(config.checks) * (3 * config.timeout + 2) + 10
+def overall_deadline(config: RankConfig, world_size: int = 0) -> float:
+    """Upper bound on a run: join, plus each check's worst case (run + exchange + decision wait),
+    plus the link map's own time, which grows with the number of pairs."""
+    links = time_budget(world_size) if "links" in config.checks else 0.0
+    return config.join_timeout + len(config.checks) * (3 * config.timeout + 2) + links + 10
 
 
 def launch(config: RankConfig, nproc: int, nnodes: int, node_rank: int, endpoint: str, local_addr: "str | None",
@@ -80,7 +83,7 @@ def launch(config: RankConfig, nproc: int, nnodes: int, node_rank: int, endpoint
     # Workers read OMP_NUM_THREADS at import time of their BLAS pools: fix it before forking.
     saved_omp = os.environ.get("OMP_NUM_THREADS")
     os.environ["OMP_NUM_THREADS"] = "1"
-    watchdog = Watchdog(out_dir, overall_deadline(config), outcome, grace_s)
+    watchdog = Watchdog(out_dir, overall_deadline(config, nproc * nnodes), outcome, grace_s)
     watchdog.start()
     # The launcher's INFO/WARNING chatter ("Terminating process ... via SIGTERM") is not our output:
     # what matters from it reaches the report.

@@ -32,7 +32,26 @@ FACTORS = {"cuda": 2.0, "cpu": 5.0}
 # Below this, a latency difference is noise on that transport (a scheduler tick on a busy host).
 LATENCY_FLOORS_US = {"cuda": 20.0, "cpu": 200.0}
 
+# Tries per measurement and pass. On a loaded host most tries of a one-element round trip wait for a
+# time slice (milliseconds, against ~25 us on an idle one: seen at a load of 4 per core); the best of
+# 3 x 10 is then clean all but about once in 10^4.
+ITERS = 10
+LATENCY_ITERS = 10
+# The whole tournament runs this many times and each link keeps its best: a busy moment on one host
+# (a scheduler tick, another job) then costs one pass, not the link's verdict.
+PASSES = 3
+# What one message may take in the worst case the run must still wait for (a busy host, a slowed link).
+MESSAGE_BUDGET_S = 0.01
+
 Matrix = list[list[Optional[float]]]
+
+
+def time_budget(world_size: int) -> float:
+    """Seconds the link map may take on `world_size` ranks before the run counts as hung: every pair,
+    every pass, every message (both ways: payload and acknowledgement, ping and pong) at its budget."""
+    pairs = world_size * (world_size - 1) // 2
+    messages = 2 * (2 * ITERS) + 2 * (2 * LATENCY_ITERS) + 2
+    return pairs * PASSES * messages * MESSAGE_BUDGET_S
 
 
 def rounds(n: int) -> list[list[tuple[int, int]]]:

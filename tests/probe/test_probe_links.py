@@ -237,3 +237,15 @@ def _has_matplotlib() -> bool:
     import importlib.util
 
     return importlib.util.find_spec("matplotlib") is not None
+
+
+def test_the_run_waits_long_enough_for_the_link_map() -> None:
+    from ddpdoctor.probe.config import RankConfig
+    from ddpdoctor.probe.launch import overall_deadline
+
+    with_links, without = RankConfig(checks=("world", "links")), RankConfig(checks=("world",))
+    assert overall_deadline(with_links, 16) - overall_deadline(with_links, 0) == linkmap.time_budget(16)
+    assert overall_deadline(without, 16) == overall_deadline(without, 0)
+    # Every message of a slowed rank's links is late by LINK_DELAY_S: well inside the budget.
+    assert linkmap.MESSAGE_BUDGET_S >= 2 * LINK_DELAY_S
+    assert linkmap.time_budget(2) == 3 * (4 * 10 + 4 * 10 + 2) * 0.01

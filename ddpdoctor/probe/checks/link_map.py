@@ -22,20 +22,11 @@ import torch.distributed as dist
 
 from ddpdoctor.probe import results as R
 from ddpdoctor.probe.checks.base import Context
-from ddpdoctor.probe.linkmap import judge, partner, rounds
+from ddpdoctor.probe.linkmap import ITERS, LATENCY_ITERS, PASSES, judge, partner, rounds
 
 NAME = "links"
 CPU_BYTES = 1 << 20
 CUDA_BYTES = 64 << 20
-# Tries per measurement and pass. On a loaded host most tries of a one-element round trip wait for a
-# time slice (milliseconds, against ~25 us on an idle one: seen at a load of 4 per core); the best of
-# 3 x 10 is then clean all but about once in 10^4.
-ITERS = 10
-LATENCY_ITERS = 10
-# The whole tournament runs this many times and each link keeps its best: a busy moment on one host
-# (a scheduler tick, another job) then costs one pass, not the link's verdict.
-PASSES = 3
-
 __all__ = ["run", "judge"]
 
 
