@@ -4,8 +4,12 @@ rank, which it must name."""
 
 from __future__ import annotations
 
+import importlib.util
 import itertools
+import json
+import subprocess
 import sys
+import uuid
 from pathlib import Path
 from typing import Any, Optional
 
@@ -15,10 +19,12 @@ from click.testing import CliRunner
 from ddpdoctor.probe import linkmap
 from ddpdoctor.probe import results as R
 from ddpdoctor.probe.command import probe
+from ddpdoctor.probe.config import RankConfig
+from ddpdoctor.probe.launch import overall_deadline
 from ddpdoctor.probe.faults import LINK_DELAY_S, FaultError, Faults, FaultSpec, parse_fault
 from ddpdoctor.probe.options import OptionError, ProbeOptions, parse_size
 from ddpdoctor.probe.views import link_table
-from probe_helpers import bad_ranks, run_probe
+from probe_helpers import PROBE, REPO, assert_no_leftovers, bad_ranks, free_port, probe_env, run_probe
 
 
 @pytest.mark.parametrize("n", range(1, 10))
@@ -234,18 +240,32 @@ def test_four_healthy_ranks_print_the_map_and_name_nothing() -> None:
 
 
 def _has_matplotlib() -> bool:
-    import importlib.util
-
     return importlib.util.find_spec("matplotlib") is not None
 
 
 def test_the_run_waits_long_enough_for_the_link_map() -> None:
-    from ddpdoctor.probe.config import RankConfig
-    from ddpdoctor.probe.launch import overall_deadline
-
     with_links, without = RankConfig(checks=("world", "links")), RankConfig(checks=("world",))
     assert overall_deadline(with_links, 16) - overall_deadline(with_links, 0) == linkmap.time_budget(16)
     assert overall_deadline(without, 16) == overall_deadline(without, 0)
     # Every message of a slowed rank's links is late by LINK_DELAY_S: well inside the budget.
     assert linkmap.MESSAGE_BUDGET_S >= 2 * LINK_DELAY_S
     assert linkmap.time_budget(2) == 3 * (4 * 10 + 4 * 10 + 2) * 0.01
+
+
+@pytest.mark.slow
+def test_two_nodes_map_intra_and_inter_node_links_apart() -> None:
+    port, mark = free_port(), uuid.uuid4().hex
+    nodes = [subprocess.Popen([*PROBE, "--nnodes", "2", "--node-rank", str(node), "--rdzv-endpoint", f"127.0.0.1:{port}",
+                               "--nproc", "2", "--timeout", "10", "--join-timeout", "30", "--format", "json",
+                               "--checks", "world", "--links", "--link-size", "4K", "--inject-fault", "slow-link:1,2"],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=probe_env(mark), cwd=REPO)
+             for node in (0, 1)]
+    outs = [p.communicate(timeout=180) for p in nodes]
+    assert_no_leftovers(mark)
+    for p, (out, err) in zip(nodes, outs):
+        assert p.returncode == 1, err[-3000:]
+        rec = next(c for c in json.loads(out)["checks"] if c["name"] == "links")
+        assert rec["detail"]["nodes"] == [0, 0, 1, 1]
+        assert set(rec["detail"]["typical"]) == {"intra-node", "inter-node"}
+        assert [p["ranks"] for p in rec["detail"]["slow_pairs"]] == [[1, 2]]
+        assert bad_ranks(rec) == [1, 2]
