@@ -11,8 +11,10 @@ A watchdog (ddpdoctor.probe.procs) makes sure no process is left behind.
 from __future__ import annotations
 
 import contextlib
+import ipaddress
 import logging
 import os
+import socket
 import signal
 import tempfile
 import time
@@ -26,6 +28,21 @@ from ddpdoctor.procfs import children
 from ddpdoctor.probe.registry import checks_for
 from ddpdoctor.probe.rendezvous import stores_bound_to
 from ddpdoctor.probe.results import LaunchOutcome, clip_traceback
+
+
+def loopback_transport(bind_addr: "str | None", nnodes: int) -> dict[str, str]:
+    """On one node whose rendezvous is on loopback, gloo's own listening sockets go there too (it
+    would otherwise listen on the address the host name resolves to, often the LAN's); a user's own
+    GLOO_SOCKET_IFNAME wins."""
+    if nnodes != 1 or bind_addr is None or "GLOO_SOCKET_IFNAME" in os.environ:
+        return {}
+    try:
+        if not ipaddress.ip_address(bind_addr).is_loopback:
+            return {}
+        names = {name for _, name in socket.if_nameindex()}
+    except (ValueError, OSError, AttributeError):
+        return {}
+    return {"GLOO_SOCKET_IFNAME": "lo"} if "lo" in names else {}
 
 
 def run_id_for(run_id: "str | None", nnodes: int, rdzv_endpoint: "str | None") -> str:
@@ -81,8 +98,9 @@ def launch(config: RankConfig, nproc: int, nnodes: int, node_rank: int, endpoint
         **extra,
     )
     # Workers read OMP_NUM_THREADS at import time of their BLAS pools: fix it before forking.
-    saved_omp = os.environ.get("OMP_NUM_THREADS")
-    os.environ["OMP_NUM_THREADS"] = "1"
+    rank_environment = {"OMP_NUM_THREADS": "1", **loopback_transport(bind_addr, nnodes)}
+    saved_environment = {name: os.environ.get(name) for name in rank_environment}
+    os.environ.update(rank_environment)
     watchdog = Watchdog(out_dir, overall_deadline(config, nproc * nnodes), outcome, grace_s)
     watchdog.start()
     # The launcher's INFO/WARNING chatter ("Terminating process ... via SIGTERM") is not our output:
@@ -109,10 +127,11 @@ def launch(config: RankConfig, nproc: int, nnodes: int, node_rank: int, endpoint
                 os.kill(pid, signal.SIGKILL)
         for lg, level in zip(quiet, saved_levels):
             lg.setLevel(level)
-        if saved_omp is None:
-            os.environ.pop("OMP_NUM_THREADS", None)
-        else:
-            os.environ["OMP_NUM_THREADS"] = saved_omp
+        for name, value in saved_environment.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
     outcome.rank_files = read_rank_files(out_dir)
     return outcome
 

@@ -78,6 +78,9 @@ def test_stores_listen_on_loopback_only_and_sigterm_ends_the_run_as_terminated()
         # The rendezvous store and the agent's store, both on loopback: none on every interface.
         assert len(listening) >= 2, listening
         assert all(address.startswith("127.0.0.1:") for address in listening), listening
+        # The ranks' own gloo sockets too (GLOO_SOCKET_IFNAME=lo, see loopback_transport).
+        for pid in processes_with_mark(mark):
+            assert all(address.startswith("127.0.0.1:") for address in _listeners(pid)), (pid, _listeners(pid))
         proc.send_signal(signal.SIGTERM)
         out, err = proc.communicate(timeout=30)
     finally:
@@ -195,3 +198,16 @@ def test_rank_zero_of_a_bare_launch_hosts_its_store_on_master_addr_only() -> Non
             proc.kill()
             proc.wait(timeout=30)
     assert_no_leftovers(mark)
+
+
+def test_gloo_is_told_to_use_loopback_only_on_one_node_with_a_loopback_rendezvous(monkeypatch: pytest.MonkeyPatch) -> None:
+    from ddpdoctor.probe.launch import loopback_transport
+
+    monkeypatch.delenv("GLOO_SOCKET_IFNAME", raising=False)
+    assert loopback_transport("127.0.0.1", 1) == {"GLOO_SOCKET_IFNAME": "lo"}
+    assert loopback_transport("127.0.0.5", 1) == {"GLOO_SOCKET_IFNAME": "lo"}
+    assert loopback_transport("127.0.0.1", 2) == {}
+    assert loopback_transport("192.0.2.1", 1) == {}
+    assert loopback_transport(None, 1) == {}
+    monkeypatch.setenv("GLOO_SOCKET_IFNAME", "eth7")
+    assert loopback_transport("127.0.0.1", 1) == {}
