@@ -42,7 +42,8 @@ def _fail(message: str) -> None:
 @click.option("--join-timeout", type=float, default=60.0, show_default=True, help="Seconds to wait for all nodes to join.")
 @click.option("--checks", "checks_text", default=None, metavar="LIST", help=f"Comma-separated subset of: {', '.join(names_for(TORCH))} (Horovod: {', '.join(names_for('horovod'))}).")
 @click.option("--inject-fault", "faults_text", multiple=True, metavar="KIND:RANK",
-              help=f"Make RANK misbehave on purpose to prove the detectors work; KIND: {', '.join(FAULT_KINDS)}.")
+              help=f"Make RANK misbehave on purpose to prove the detectors work; KIND: {', '.join(FAULT_KINDS)} "
+                   "(slow-link:A,B names two ranks).")
 @click.option("--run-id", default=None, help="Rendezvous run id (multi-node default: derived from the endpoint).")
 @click.option("--format", "output_format", type=click.Choice(["text", "json"]), default="text", show_default=True)
 @click.option("--output-file", "-o", type=click.Path(dir_okay=False), default=None, help="Write the report to a file.")
