@@ -7,6 +7,7 @@ import importlib.util
 import os
 import signal
 import sys
+import threading
 from pathlib import Path
 from types import FrameType
 from typing import Any, Optional
@@ -94,7 +95,9 @@ def probe(
     from ddpdoctor.probe.runner import CouldNotRun, Interrupted, run_probe
 
     spinner = _Progress() if output_format == "text" and not output_file else _Progress(enabled=False)
-    saved_sigterm = signal.signal(signal.SIGTERM, _on_sigterm)
+    # Signal handlers belong to the main thread; elsewhere (an embedding caller) SIGTERM keeps its own.
+    main = threading.current_thread() is threading.main_thread()
+    saved_sigterm = signal.signal(signal.SIGTERM, _on_sigterm) if main else None
     try:
         with spinner:
             report = run_probe(options, progress=spinner.update, warn=_warn, verbose=verbose)
@@ -108,7 +111,8 @@ def probe(
         _stopped("SIGINT")
         return
     finally:
-        signal.signal(signal.SIGTERM, saved_sigterm)
+        if main:
+            signal.signal(signal.SIGTERM, saved_sigterm)
     if output_file:
         try:
             Path(output_file).write_text(to_json(report) + "\n" if output_format == "json" else plain_text(report),

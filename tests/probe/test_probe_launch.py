@@ -211,3 +211,25 @@ def test_gloo_is_told_to_use_loopback_only_on_one_node_with_a_loopback_rendezvou
     assert loopback_transport(None, 1) == {}
     monkeypatch.setenv("GLOO_SOCKET_IFNAME", "eth7")
     assert loopback_transport("127.0.0.1", 1) == {}
+
+
+def test_sigterm_before_any_rank_starts_is_terminated_too() -> None:
+    # Sent as soon as torch's library is being loaded (the probe is importing torch, no rank yet):
+    # the same answer as during the run.
+    mark = uuid.uuid4().hex
+    proc = subprocess.Popen([*PROBE, "--nproc", "2", "--checks", "world"], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=probe_env(mark), cwd=REPO)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and proc.poll() is None:
+        try:
+            if b"libtorch" in Path(f"/proc/{proc.pid}/maps").read_bytes():
+                break
+        except OSError:
+            pass
+        time.sleep(0.005)
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 143, err
+    assert err.strip().splitlines()[-1] == "ddpdoctor probe: terminated"
+    assert out == ""
+    assert_no_leftovers(mark)
