@@ -67,6 +67,7 @@ def launch(config: RankConfig, nproc: int, nnodes: int, node_rank: int, endpoint
     interface); `verbose` lets torch elastic's own log through."""
     from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, Std
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.elastic.rendezvous.api import RendezvousTimeoutError
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
     from ddpdoctor.probe.worker import elastic_entry
@@ -117,6 +118,13 @@ def launch(config: RankConfig, nproc: int, nnodes: int, node_rank: int, endpoint
     except ChildFailedError as exc:
         for global_rank, failure in exc.failures.items():
             outcome.failures[int(global_rank)] = _failure_info(failure)
+    except RendezvousTimeoutError:
+        # torch says nothing more than the class name; say who is missing and what to do.
+        outcome.launch_error = (
+            f"the other node(s) did not join the rendezvous at {endpoint} within --join-timeout "
+            f"{config.join_timeout:g}s: start `ddpdoctor probe` on every node (--node-rank 0..{nnodes - 1}) with "
+            "the same --nnodes and --rdzv-endpoint"
+        )
     except Exception as exc:  # noqa: BLE001 -- rendezvous/connection errors: the probe could not run
         outcome.launch_error = one_line(exc)
     finally:

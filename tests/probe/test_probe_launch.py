@@ -233,3 +233,14 @@ def test_sigterm_before_any_rank_starts_is_terminated_too() -> None:
     assert err.strip().splitlines()[-1] == "ddpdoctor probe: terminated"
     assert out == ""
     assert_no_leftovers(mark)
+
+
+@pytest.mark.slow
+def test_node_zero_alone_says_the_other_nodes_did_not_join() -> None:
+    port = free_port()
+    run = run_probe("--nnodes", "2", "--node-rank", "0", "--rdzv-endpoint", f"127.0.0.1:{port}", "--nproc", "1",
+                    "--join-timeout", "2")
+    assert run.returncode == 2, run.stdout + run.stderr
+    assert run.stderr == (f"ddpdoctor probe: error: launch failed: the other node(s) did not join the rendezvous at "
+                          f"127.0.0.1:{port} within --join-timeout 2s: start `ddpdoctor probe` on every node "
+                          "(--node-rank 0..1) with the same --nnodes and --rdzv-endpoint\n")
