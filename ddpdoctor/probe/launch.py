@@ -187,7 +187,7 @@ def preimport(config: RankConfig) -> None:
 
 def one_line(exc: BaseException) -> str:
     parts = [f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"]
-    cause = exc.__cause__ or exc.__context__
+    cause = exc.__cause__ or (None if exc.__suppress_context__ else exc.__context__)
     if cause is not None and str(cause).strip():
         parts.append(f"caused by {type(cause).__name__}: {str(cause).strip().splitlines()[0]}")
     return "; ".join(parts)[:400]

@@ -32,9 +32,10 @@ def listening_socket(addr: str, port: int) -> socket.socket:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind((addr, port))
         sock.listen(_LISTEN_BACKLOG)
-    except OSError:
+    except OSError as exc:
         sock.close()
-        raise
+        raise OSError(exc.errno, f"cannot listen on {addr}:{port} ({exc.strerror}): another job on this port? "
+                                 "Choose another port, or 0 for a free one") from None
     return sock
 
 

@@ -244,3 +244,17 @@ def test_node_zero_alone_says_the_other_nodes_did_not_join() -> None:
     assert run.stderr == (f"ddpdoctor probe: error: launch failed: the other node(s) did not join the rendezvous at "
                           f"127.0.0.1:{port} within --join-timeout 2s: start `ddpdoctor probe` on every node "
                           "(--node-rank 0..1) with the same --nnodes and --rdzv-endpoint\n")
+
+
+@pytest.mark.slow
+def test_a_port_in_use_is_one_line() -> None:
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        run = run_probe("--nproc", "1", "--master-port", str(port), "--checks", "world")
+    assert run.returncode == 2
+    assert run.stderr == (f"ddpdoctor probe: error: launch failed: OSError: [Errno 98] cannot listen on 127.0.0.1:{port} "
+                          "(Address already in use): another job on this port? Choose another port, or 0 for a free one\n")
