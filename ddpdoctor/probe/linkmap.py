@@ -114,61 +114,59 @@ def judge(entries: list[R.RankEntry]) -> R.CheckRecord:
     limit, floor_us = FACTORS[device], LATENCY_FLOORS_US[device]
     bandwidth, latency = matrices(live, n)
     directed = [(a, b) for a in range(n) for b in range(n) if a != b and bandwidth[a][b] is not None]
+    pairs = sorted({(min(a, b), max(a, b)) for a, b in directed})
+    typical = _typical_by_class(directed, nodes, bandwidth, latency)
+    # Per pair: its worse direction and dimension, as (factor, phrase).
+    slow_pairs: dict[tuple[int, int], tuple[float, str]] = {}
+    for a, b in directed:
+        worst = _slowness(bandwidth[a][b] or 0.0, latency[a][b] or 0.0, typical[link_class(nodes, a, b)], limit, floor_us)
+        key = (min(a, b), max(a, b))
+        if worst is not None and (key not in slow_pairs or worst[0] > slow_pairs[key][0]):
+            slow_pairs[key] = worst
+    pairs_of = {r: [p for p in pairs if r in p] for r in range(n)}
+    # With two ranks a slow link cannot be told from a slow end; from three on, a rank slow with every
+    # peer is the news, and its links are not named one by one.
+    slow_ranks = [r for r in range(n) if n >= 3 and pairs_of[r] and all(p in slow_pairs for p in pairs_of[r])]
+    named: list[str] = []
+    for r in slow_ranks:
+        factor = statistics.median(slow_pairs[p][0] for p in pairs_of[r])
+        named.append(f"rank {r}: slow with every peer, a median {factor:.1f}x off the typical link")
+        _fail(rec, r, named[-1])
+    for a, b in sorted(p for p in slow_pairs if not set(p) & set(slow_ranks)):
+        named.append(f"link {a}<->{b}: {slow_pairs[(a, b)][1]}")
+        _fail(rec, a, named[-1])
+        _fail(rec, b, named[-1])
+    rec["status"] = R.aggregate_status(rec["ranks"])
+    rec["detail"] = {
+        "bytes": int(live[0]["detail"].get("bytes", 0)), "bandwidth_GBps": bandwidth, "latency_us": latency,
+        "nodes": nodes, "typical": typical, "factor_limit": limit, "latency_floor_us": floor_us,
+        "slow_pairs": [{"ranks": [a, b], "factor": round(factor, 2), "why": why}
+                       for (a, b), (factor, why) in sorted(slow_pairs.items())],
+        "slow_ranks": slow_ranks,
+    }
+    if named:
+        rec["summary"] = "slow: " + "; ".join(named)
+    else:
+        rec["summary"] = f"{len(pairs)} pair(s), both ways: " + ", ".join(
+            f"{cls} typically {ref['GBps'] or 0:.3g} GB/s, {ref['latency_us'] or 0:.0f} us" for cls, ref in typical.items()
+        ) + (f"; none more than {limit:g}x off" if n >= 3 else f"; its two directions within {limit:g}x of each other")
+    return rec
+
+
+def _typical_by_class(directed: list[tuple[int, int]], nodes: list[int], bandwidth: Matrix,
+                      latency: Matrix) -> dict[str, dict[str, Optional[float]]]:
+    """class -> {"GBps", "latency_us"} of its typical link (see the module's docstring)."""
     typical: dict[str, dict[str, Optional[float]]] = {}
     for cls in sorted({link_class(nodes, a, b) for a, b in directed}):
-        bw_by_rank: dict[int, list[float]] = {r: [] for r in range(n)}
-        lat_by_rank: dict[int, list[float]] = {r: [] for r in range(n)}
+        bw_by_rank: dict[int, list[float]] = {r: [] for r in range(len(nodes))}
+        lat_by_rank: dict[int, list[float]] = {r: [] for r in range(len(nodes))}
         for a, b in directed:
             if link_class(nodes, a, b) == cls:
                 for r in (a, b):
                     bw_by_rank[r].append(bandwidth[a][b] or 0.0)
                     lat_by_rank[r].append(latency[a][b] or 0.0)
         typical[cls] = {"GBps": _typical(bw_by_rank, True), "latency_us": _typical(lat_by_rank, False)}
-    # Per unordered pair: the worse direction and dimension, as (factor, phrase).
-    slow_pairs: dict[tuple[int, int], tuple[float, str]] = {}
-    for a, b in directed:
-        ref = typical[link_class(nodes, a, b)]
-        worst = _slowness(bandwidth[a][b] or 0.0, latency[a][b] or 0.0, ref, limit, floor_us)
-        if worst is not None:
-            key = (min(a, b), max(a, b))
-            if key not in slow_pairs or worst[0] > slow_pairs[key][0]:
-                slow_pairs[key] = worst
-    pairs_of = {r: [p for p in {(min(a, b), max(a, b)) for a, b in directed} if r in p] for r in range(n)}
-    slow_ranks = sorted(r for r in range(n) if n >= 3 and pairs_of[r] and all(p in slow_pairs for p in pairs_of[r]))
-    link_only = sorted(p for p in slow_pairs if not set(p) & set(slow_ranks))
-    named: list[str] = []
-    for r in slow_ranks:
-        factor = statistics.median(slow_pairs[p][0] for p in pairs_of[r])
-        text = f"rank {r}: every link slow, typically {factor:.1f}x worse than the typical link"
-        named.append(text)
-        _fail(rec, r, text)
-    for a, b in link_only:
-        factor, phrase = slow_pairs[(a, b)]
-        text = f"link {a}<->{b}: {phrase}"
-        named.append(text)
-        for r in (a, b):
-            _fail(rec, r, text)
-    rec["status"] = R.aggregate_status(rec["ranks"])
-    rec["detail"] = {
-        "bytes": int(live[0]["detail"].get("bytes", 0)),
-        "bandwidth_GBps": bandwidth,
-        "latency_us": latency,
-        "nodes": nodes,
-        "typical": typical,
-        "factor_limit": limit,
-        "latency_floor_us": floor_us,
-        "slow_pairs": [{"ranks": [a, b], "factor": round(slow_pairs[(a, b)][0], 2), "why": slow_pairs[(a, b)][1]}
-                       for a, b in sorted(slow_pairs)],
-        "slow_ranks": slow_ranks,
-    }
-    pairs = len({(min(a, b), max(a, b)) for a, b in directed})
-    if named:
-        rec["summary"] = "slow: " + "; ".join(named)
-    else:
-        rec["summary"] = f"{pairs} pair(s), both ways: " + ", ".join(
-            f"{cls} typically {ref['GBps'] or 0:.3g} GB/s, {ref['latency_us'] or 0:.0f} us" for cls, ref in typical.items()
-        ) + (f"; none more than {limit:g}x off" if n >= 3 else f"; its two directions within {limit:g}x of each other")
-    return rec
+    return typical
 
 
 def _slowness(gbps: float, latency_us: float, ref: dict[str, Optional[float]], limit: float,

@@ -93,7 +93,7 @@ def test_a_rank_slow_with_every_peer_is_named_alone() -> None:
     rec = linkmap.judge(_entries(4, lambda a, b: 0.05 if 3 in (a, b) else 1.0))
     assert rec["detail"]["slow_ranks"] == [3]
     assert R.ranks_with(rec, R.FAIL) == [3]
-    assert rec["summary"] == "slow: rank 3: every link slow, typically 20.0x worse than the typical link"
+    assert rec["summary"] == "slow: rank 3: slow with every peer, a median 20.0x off the typical link"
 
 
 def test_a_slow_rank_among_three_does_not_drag_the_typical_link_down() -> None:
@@ -227,7 +227,7 @@ def test_four_ranks_name_the_slowed_rank() -> None:
     rec = run.check("links")
     assert rec["detail"]["slow_ranks"] == [3]
     assert bad_ranks(rec) == [3]
-    assert rec["summary"].startswith("slow: rank 3: every link slow")
+    assert rec["summary"].startswith("slow: rank 3: slow with every peer, a median ")
 
 
 @pytest.mark.slow
