@@ -13,7 +13,7 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Optional
 
 from ddpdoctor.probe.faults import FaultSpec, parse_faults
-from ddpdoctor.probe.registry import TORCH, names_for
+from ddpdoctor.probe.registry import TORCH, default_names_for
 
 CONFIG_ENV = "DDPDOCTOR_PROBE_CONFIG"
 OUT_DIR_ENV = "DDPDOCTOR_PROBE_OUT"
@@ -27,7 +27,7 @@ class RankConfig:
     timeout: float = 5.0  # seconds each check (and each collective) may take
     join_timeout: float = 60.0
     faults: tuple[FaultSpec, ...] = ()
-    checks: tuple[str, ...] = field(default_factory=lambda: names_for(TORCH))
+    checks: tuple[str, ...] = field(default_factory=lambda: default_names_for(TORCH))
     out_dir: Optional[str] = None  # where each rank writes rank-<R>.json for the parent
     run_id: str = "external"
     # True when rank 0 prints the report itself (an external launcher); False under our parent.
@@ -36,6 +36,8 @@ class RankConfig:
     # Horovod ranks exchange results through a TCPStore; under our parent the parent hosts it.
     store_addr: Optional[str] = None
     store_port: int = 0
+    # The link map's message size in bytes (0: its default for the device).
+    link_bytes: int = 0
 
     def to_json(self) -> str:
         data = asdict(self)

@@ -38,7 +38,7 @@ def _check(store: Any, key: str) -> bool:
 def post_crash(store: Any, rank: int, text: str) -> None:
     """Best effort, from a dying rank, so that rank 0 stops waiting for it at once."""
     try:
-        store.set(f"crash/{rank}", text[-4000:])
+        store.set(f"crash/{rank}", R.clip_traceback(text))
     except Exception:
         pass
 

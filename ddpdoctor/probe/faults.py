@@ -9,6 +9,9 @@ rank. The hooks are no-ops unless the rank was named, so the production path run
                      (e.g. a checkpoint loaded on one rank after wrapping).
 - hang:              the rank never arrives at the liveness check.
 - crash:             the rank raises during the liveness check and the process dies.
+- slow-link:A,B:     every message between ranks A and B (either way) is late (a degraded cable,
+                     NVLink down to PCIe); torch only, caught by the link map.
+- slow-rank:R:       every message to or from rank R is late (a slow NIC, a throttled GPU).
 
 No torch at import time: the options are parsed before torch is imported.
 """
@@ -17,12 +20,17 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Optional
 
 if TYPE_CHECKING:
     import torch
 
-FAULT_KINDS = ("allreduce-corrupt", "param-desync", "hang", "crash")
+FAULT_KINDS = ("allreduce-corrupt", "param-desync", "hang", "crash", "slow-link", "slow-rank")
+# Planted in the link map, which only torch ranks run.
+LINK_FAULTS = ("slow-link", "slow-rank")
+# What a slowed message waits, per message: far above a loopback or NVLink message's time, so a
+# slowed link stands out by a large factor even on a busy machine.
+LINK_DELAY_S = 0.005
 
 
 class FaultError(ValueError):
@@ -33,24 +41,41 @@ class FaultError(ValueError):
 class FaultSpec:
     kind: str
     rank: int
+    peer: Optional[int] = None  # the other end of a slow-link
 
     def __str__(self) -> str:
-        return f"{self.kind}:{self.rank}"
+        return f"{self.kind}:{self.rank}" + (f",{self.peer}" if self.peer is not None else "")
+
+    @property
+    def ranks(self) -> tuple[int, ...]:
+        return (self.rank,) if self.peer is None else (self.rank, self.peer)
+
+
+def _rank(text: str, whole: str) -> int:
+    try:
+        rank = int(text)
+    except ValueError:
+        raise FaultError(f"--inject-fault {whole!r}: RANK must be an integer") from None
+    if rank < 0:
+        raise FaultError(f"--inject-fault {whole!r}: RANK must be >= 0")
+    return rank
 
 
 def parse_fault(text: str) -> FaultSpec:
     kind, sep, rank_text = text.partition(":")
     if not sep or kind not in FAULT_KINDS:
         raise FaultError(
-            f"--inject-fault expects KIND:RANK with KIND one of {', '.join(FAULT_KINDS)}; got {text!r}"
+            f"--inject-fault expects KIND:RANK (slow-link:A,B) with KIND one of {', '.join(FAULT_KINDS)}; got {text!r}"
         )
-    try:
-        rank = int(rank_text)
-    except ValueError:
-        raise FaultError(f"--inject-fault {text!r}: RANK must be an integer") from None
-    if rank < 0:
-        raise FaultError(f"--inject-fault {text!r}: RANK must be >= 0")
-    return FaultSpec(kind, rank)
+    if kind == "slow-link":
+        first, comma, second = rank_text.partition(",")
+        if not comma:
+            raise FaultError(f"--inject-fault {text!r}: slow-link takes two ranks, slow-link:A,B")
+        a, b = _rank(first, text), _rank(second, text)
+        if a == b:
+            raise FaultError(f"--inject-fault {text!r}: a link joins two different ranks")
+        return FaultSpec(kind, min(a, b), max(a, b))
+    return FaultSpec(kind, _rank(rank_text, text))
 
 
 def parse_faults(texts: "list[str] | tuple[str, ...]") -> tuple[FaultSpec, ...]:
@@ -65,8 +90,17 @@ class Faults:
     """The hooks one rank runs; each does nothing unless this rank was named."""
 
     def __init__(self, specs: "tuple[FaultSpec, ...]", rank: int) -> None:
-        self.kinds = {spec.kind for spec in specs if spec.rank == rank}
+        self.kinds = {spec.kind for spec in specs if rank in spec.ranks}
         self.rank = rank
+        # Both ends of a link must know it is slow: either may be the one sending.
+        self.slow_links = {frozenset(spec.ranks) for spec in specs if spec.kind == "slow-link"}
+        self.slow_ranks = {spec.rank for spec in specs if spec.kind == "slow-rank"}
+
+    def link_delay(self, peer: int) -> float:
+        """Seconds each message between this rank and `peer` is held back (0 unless named)."""
+        if frozenset((self.rank, peer)) in self.slow_links or self.slow_ranks & {self.rank, peer}:
+            return LINK_DELAY_S
+        return 0.0
 
     def active(self, kind: str) -> bool:
         return kind in self.kinds

@@ -19,13 +19,11 @@ from typing import Any, Iterator
 from ddpdoctor.probe.config import RankConfig
 from ddpdoctor.probe.launch import one_line, overall_deadline
 from ddpdoctor.probe.procs import Watchdog, interruptible, kill_descendants, read_rank_files
+from ddpdoctor.probe.rendezvous import LOOPBACK, bound_store
 from ddpdoctor.probe.results import LaunchOutcome
-
-LOOPBACK = "127.0.0.1"
 
 
 def launch_horovod(config: RankConfig, nproc: int, grace_s: float) -> LaunchOutcome:
-    import torch.distributed as dist
     from horovod.runner import run as horovod_run
 
     from ddpdoctor.probe.hvd_worker import horovod_entry
@@ -33,8 +31,8 @@ def launch_horovod(config: RankConfig, nproc: int, grace_s: float) -> LaunchOutc
     quiet_resource_tracker()
     out_dir = tempfile.mkdtemp(prefix="ddpdoctor-probe-")
     outcome = LaunchOutcome(out_dir=out_dir)
-    store = dist.TCPStore(LOOPBACK, 0, nproc + 1, is_master=True, timeout=timedelta(seconds=config.join_timeout),
-                          wait_for_workers=False)
+    store = bound_store(LOOPBACK, 0, world_size=nproc + 1, timeout=timedelta(seconds=config.join_timeout),
+                        wait_for_workers=False)
     config = config.with_(out_dir=out_dir, report=False, store_addr=LOOPBACK, store_port=int(store.port))
     watchdog = Watchdog(out_dir, overall_deadline(config), outcome, grace_s)
     watchdog.start()

@@ -43,19 +43,22 @@ def judge_step(name: str, what: str, entries: list[R.RankEntry]) -> R.CheckRecor
     return rec
 
 
-def odd_ones_out(entries: list[R.RankEntry], key: str, diff_key: str, tol_key: str) -> set[int]:
-    """The ranks whose value of `key` (a hash) is wrong: the odd ones out when one value has a
-    strict majority; with no majority (two ranks, or a 2-2 split) those farther from their locally
-    computed reference than rounding allows -- and if that cannot tell either, every rank, since
-    none can be trusted."""
+def differ_from_reference(entries: list[R.RankEntry], key: str, diff_key: str, tol_key: str) -> set[int]:
+    """The ranks whose value of `key` (a hash) is wrong.
+
+    Each rank measured its distance from a reference it computed itself (`diff_key`, allowed
+    `tol_key`, 0 when absent): the ranks beyond it are wrong, whatever the others hold -- exact on
+    any number of ranks, two included. Only when every rank is within its reference and the hashes
+    still disagree (a difference the reference cannot see) does the majority decide: the odd ones
+    out, or every rank when no value has a strict majority, since none can be trusted."""
     counts = Counter(e["detail"][key] for e in entries)
-    if len(counts) <= 1:
-        return set()
+    far = {e["rank"] for e in entries if not e["detail"][diff_key] <= e["detail"].get(tol_key, 0.0)}  # NaN is far
+    if far or len(counts) <= 1:
+        return far
     top, n = counts.most_common(1)[0]
     if n * 2 > len(entries):
         return {e["rank"] for e in entries if e["detail"][key] != top}
-    far = {e["rank"] for e in entries if not e["detail"][diff_key] <= e["detail"].get(tol_key, 0.0)}
-    return far or {e["rank"] for e in entries}
+    return {e["rank"] for e in entries}
 
 
 def version_disagreements(entries: list[R.RankEntry], keys: tuple[str, ...]) -> dict[int, list[str]]:

@@ -11,8 +11,10 @@ A watchdog (ddpdoctor.probe.procs) makes sure no process is left behind.
 from __future__ import annotations
 
 import contextlib
+import ipaddress
 import logging
 import os
+import socket
 import signal
 import tempfile
 import time
@@ -20,10 +22,27 @@ import uuid
 from typing import Any, Iterator
 
 from ddpdoctor.probe.config import RankConfig
+from ddpdoctor.probe.linkmap import time_budget
 from ddpdoctor.probe.procs import SIGNALS_FOR_TORCH_ELASTIC, Watchdog, alive, interruptible, read_rank_files
 from ddpdoctor.procfs import children
 from ddpdoctor.probe.registry import checks_for
-from ddpdoctor.probe.results import LaunchOutcome
+from ddpdoctor.probe.rendezvous import stores_bound_to
+from ddpdoctor.probe.results import LaunchOutcome, clip_traceback
+
+
+def loopback_transport(bind_addr: "str | None", nnodes: int) -> dict[str, str]:
+    """On one node whose rendezvous is on loopback, gloo's own listening sockets go there too (it
+    would otherwise listen on the address the host name resolves to, often the LAN's); a user's own
+    GLOO_SOCKET_IFNAME wins."""
+    if nnodes != 1 or bind_addr is None or "GLOO_SOCKET_IFNAME" in os.environ:
+        return {}
+    try:
+        if not ipaddress.ip_address(bind_addr).is_loopback:
+            return {}
+        names = {name for _, name in socket.if_nameindex()}
+    except (ValueError, OSError, AttributeError):
+        return {}
+    return {"GLOO_SOCKET_IFNAME": "lo"} if "lo" in names else {}
 
 
 def run_id_for(run_id: "str | None", nnodes: int, rdzv_endpoint: "str | None") -> str:
@@ -35,15 +54,20 @@ def run_id_for(run_id: "str | None", nnodes: int, rdzv_endpoint: "str | None") -
     return f"ddpdoctor-{uuid.uuid4().hex[:12]}"
 
 
-def overall_deadline(config: RankConfig) -> float:
-    """Upper bound on a run: join, plus each check's worst case (run + exchange + decision wait)."""
-    return config.join_timeout + len(config.checks) * (3 * config.timeout + 2) + 10
+def overall_deadline(config: RankConfig, world_size: int = 0) -> float:
+    """Upper bound on a run: join, plus each check's worst case (run + exchange + decision wait),
+    plus the link map's own time, which grows with the number of pairs."""
+    links = time_budget(world_size) if "links" in config.checks else 0.0
+    return config.join_timeout + len(config.checks) * (3 * config.timeout + 2) + links + 10
 
 
 def launch(config: RankConfig, nproc: int, nnodes: int, node_rank: int, endpoint: str, local_addr: "str | None",
-           grace_s: float) -> LaunchOutcome:
+           grace_s: float, bind_addr: "str | None" = None, verbose: bool = False) -> LaunchOutcome:
+    """`bind_addr`: where the stores this node hosts listen (None: torch's own choice, every
+    interface); `verbose` lets torch elastic's own log through."""
     from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, Std
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.elastic.rendezvous.api import RendezvousTimeoutError
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
     from ddpdoctor.probe.worker import elastic_entry
@@ -79,24 +103,32 @@ def launch(config: RankConfig, nproc: int, nnodes: int, node_rank: int, endpoint
         **extra,
     )
     # Workers read OMP_NUM_THREADS at import time of their BLAS pools: fix it before forking.
-    saved_omp = os.environ.get("OMP_NUM_THREADS")
-    os.environ["OMP_NUM_THREADS"] = "1"
-    watchdog = Watchdog(out_dir, overall_deadline(config), outcome, grace_s)
+    rank_environment = {"OMP_NUM_THREADS": "1", **loopback_transport(bind_addr, nnodes)}
+    saved_environment = {name: os.environ.get(name) for name in rank_environment}
+    os.environ.update(rank_environment)
+    watchdog = Watchdog(out_dir, overall_deadline(config, nproc * nnodes), outcome, grace_s)
     watchdog.start()
     # The launcher's INFO/WARNING chatter ("Terminating process ... via SIGTERM") is not our output:
     # what matters from it reaches the report.
     quiet = [logging.getLogger(n) for n in ("torch.distributed.elastic", "torch.multiprocessing", "torch.distributed.launcher")]
     saved_levels = [lg.level for lg in quiet]
     for lg in quiet:
-        lg.setLevel(logging.CRITICAL)
+        lg.setLevel(logging.INFO if verbose else logging.CRITICAL)
     started = time.monotonic()
     outcome.started_at = time.time()
     try:
-        with interruptible(outcome), _short_exit_barrier(max(2.0, config.timeout)):
+        with interruptible(outcome), _short_exit_barrier(max(2.0, config.timeout)), stores_bound_to(bind_addr):
             elastic_launch(launch_config, elastic_entry)(config.to_json())
     except ChildFailedError as exc:
         for global_rank, failure in exc.failures.items():
             outcome.failures[int(global_rank)] = _failure_info(failure)
+    except RendezvousTimeoutError:
+        # torch says nothing more than the class name; say who is missing and what to do.
+        outcome.launch_error = (
+            f"the other node(s) did not join the rendezvous at {endpoint} within --join-timeout "
+            f"{config.join_timeout:g}s: start `ddpdoctor probe` on every node (--node-rank 0..{nnodes - 1}) with "
+            "the same --nnodes and --rdzv-endpoint"
+        )
     except Exception as exc:  # noqa: BLE001 -- rendezvous/connection errors: the probe could not run
         outcome.launch_error = one_line(exc)
     finally:
@@ -107,10 +139,11 @@ def launch(config: RankConfig, nproc: int, nnodes: int, node_rank: int, endpoint
                 os.kill(pid, signal.SIGKILL)
         for lg, level in zip(quiet, saved_levels):
             lg.setLevel(level)
-        if saved_omp is None:
-            os.environ.pop("OMP_NUM_THREADS", None)
-        else:
-            os.environ["OMP_NUM_THREADS"] = saved_omp
+        for name, value in saved_environment.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
     outcome.rank_files = read_rank_files(out_dir)
     return outcome
 
@@ -158,7 +191,7 @@ def preimport(config: RankConfig) -> None:
 
 def one_line(exc: BaseException) -> str:
     parts = [f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"]
-    cause = exc.__cause__ or exc.__context__
+    cause = exc.__cause__ or (None if exc.__suppress_context__ else exc.__context__)
     if cause is not None and str(cause).strip():
         parts.append(f"caused by {type(cause).__name__}: {str(cause).strip().splitlines()[0]}")
     return "; ".join(parts)[:400]
@@ -184,5 +217,5 @@ def _failure_info(failure: Any) -> dict[str, Any]:
         "exitcode": exitcode,
         "signal": sig,
         "message": str(message or failure.message or "")[:2000],
-        "traceback": tb[-4000:],
+        "traceback": clip_traceback(tb),
     }

@@ -123,8 +123,4 @@ def _synthesize(name: str, files: dict[int, dict[str, Any]], world_size: int) ->
 
 def _rejudge(rec: CheckRecord, advice_for: Callable[[str], str]) -> None:
     rec["status"] = R.aggregate_status(rec["ranks"])
-    bad = R.ranks_with(rec, R.FAIL, R.ERROR)
-    if bad:
-        first = next(e for e in rec["ranks"] if e["rank"] in bad)
-        rec["summary"] = f"{R.format_ranks(bad)}: {first['message']}"
-        rec["advice"] = rec.get("advice") or advice_for(rec["name"])
+    R.blame_failures(rec, advice_for(rec["name"]))

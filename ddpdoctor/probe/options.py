@@ -11,9 +11,13 @@ from dataclasses import dataclass
 from typing import Optional
 
 from ddpdoctor.probe.faults import FAULT_KINDS, FaultError, FaultSpec, parse_faults
-from ddpdoctor.probe.registry import FRAMEWORKS, TORCH, names_for
+from ddpdoctor.probe.registry import FRAMEWORKS, TORCH, default_names_for, detector, names_for
 
 __all__ = ["FAULT_KINDS", "FaultSpec", "OptionError", "ProbeOptions", "parse_checks", "parse_endpoint", "parse_faults_option"]
+
+# More local ranks than this per CPU core is a typo, not a test (`--nproc 10000` would fork ten thousand
+# processes); --force allows it.
+MAX_RANKS_PER_CORE = 8
 
 # How long the resolver may take for --master-addr before we say so (it is a local lookup for the
 # names people use: localhost, this host's name, an address).
@@ -31,11 +35,12 @@ def parse_faults_option(texts: "list[str] | tuple[str, ...]") -> tuple[FaultSpec
         raise OptionError(str(exc)) from None
 
 
-def parse_checks(text: Optional[str], framework: str = TORCH) -> tuple[str, ...]:
+def parse_checks(text: Optional[str], framework: str = TORCH, extra: tuple[str, ...] = ()) -> tuple[str, ...]:
+    """The checks to run, in the registry's order: --checks (default: all but those run only on
+    request) plus `extra` (e.g. --links)."""
     known = names_for(framework)
-    if not text:
-        return known
-    wanted = [t.strip() for t in text.split(",") if t.strip()]
+    wanted = [t.strip() for t in text.split(",") if t.strip()] if text else list(default_names_for(framework))
+    wanted += [name for name in extra if name not in wanted]
     unknown = [w for w in wanted if w not in known]
     if unknown:
         raise OptionError(f"--checks: unknown check(s) {', '.join(unknown)} for --framework {framework}; known: {', '.join(known)}")
@@ -54,6 +59,26 @@ def parse_endpoint(text: str) -> tuple[str, int]:
     if not 0 <= port <= 65535:
         raise OptionError(f"--rdzv-endpoint {text!r}: PORT out of range")
     return host, port
+
+
+_SIZE_UNITS = {"": 1, "B": 1, "K": 1 << 10, "KB": 1 << 10, "KIB": 1 << 10, "M": 1 << 20, "MB": 1 << 20, "MIB": 1 << 20,
+               "G": 1 << 30, "GB": 1 << 30, "GIB": 1 << 30}
+# The link map's message: at least one float32, at most what fits any GPU comfortably twice.
+MIN_LINK_BYTES, MAX_LINK_BYTES = 4, 4 << 30
+
+
+def parse_size(option: str, text: str) -> int:
+    """"64K", "1M", "4096" -> bytes (binary units, as nccl-tests' -b/-e take them)."""
+    stripped = text.strip().upper()
+    number = stripped.rstrip("BKMGI")
+    unit = stripped[len(number):]
+    try:
+        value = float(number) * _SIZE_UNITS[unit]
+    except (ValueError, KeyError):
+        raise OptionError(f"{option} expects a size such as 4096, 64K or 1M; got {text!r}") from None
+    if not MIN_LINK_BYTES <= value <= MAX_LINK_BYTES:
+        raise OptionError(f"{option} {text}: must be between {MIN_LINK_BYTES} bytes and {MAX_LINK_BYTES >> 30} GiB")
+    return int(value)
 
 
 def _seconds(name: str, value: float) -> None:
@@ -124,15 +149,22 @@ class ProbeOptions:
     timeout: float = 5.0
     join_timeout: float = 60.0
     faults: tuple[FaultSpec, ...] = ()
-    checks: tuple[str, ...] = names_for(TORCH)
+    checks: tuple[str, ...] = default_names_for(TORCH)
     output_format: str = "text"
     run_id: Optional[str] = None
+    force: bool = False
+    link_bytes: int = 0
 
     def validate(self) -> None:
         if self.framework not in FRAMEWORKS:
             raise OptionError(f"--framework must be one of {', '.join(FRAMEWORKS)}")
         if self.nproc is not None and self.nproc < 1:
             raise OptionError("--nproc must be >= 1")
+        if self.nproc is not None and not self.force and self.nproc > MAX_RANKS_PER_CORE * cpu_count():
+            raise OptionError(
+                f"--nproc {self.nproc} is more than {MAX_RANKS_PER_CORE} ranks per CPU core on this machine "
+                f"({cpu_count()} cores, at most {MAX_RANKS_PER_CORE * cpu_count()}); pass --force to start them anyway"
+            )
         if self.nnodes < 1:
             raise OptionError("--nnodes must be >= 1")
         if not 0 <= self.node_rank < self.nnodes:
@@ -156,13 +188,23 @@ class ProbeOptions:
         unknown = [c for c in self.checks if c not in known]
         if unknown:
             raise OptionError(f"--checks: unknown check(s) {', '.join(unknown)} for --framework {self.framework}; known: {', '.join(known)}")
+        for fault in self.faults:
+            try:
+                catcher = detector(self.framework, fault.kind).name
+            except KeyError:
+                raise OptionError(f"--inject-fault {fault}: no --framework {self.framework} check catches {fault.kind}") from None
+            if catcher not in self.checks:
+                how = "--links" if catcher == "links" else f"--checks with {catcher}"
+                raise OptionError(f"--inject-fault {fault}: {fault.kind} is caught by the {catcher} check, "
+                                  f"which this run does not include ({how})")
         if self.nproc is not None:
             world = self.nproc * self.nnodes
             for fault in self.faults:
-                if fault.rank >= world:
-                    raise OptionError(
-                        f"--inject-fault {fault}: rank {fault.rank} does not exist (world size {world})"
-                    )
+                for rank in fault.ranks:
+                    if rank >= world:
+                        raise OptionError(
+                            f"--inject-fault {fault}: rank {rank} does not exist (world size {world})"
+                        )
 
     def oversubscription(self) -> float:
         """Local ranks per CPU core, when there are more ranks than cores (else 1.0)."""

@@ -18,8 +18,10 @@ from ddpdoctor.procfs import descendants, read_stat
 # How long a still-running rank may lag behind finished ones before it counts as hung (scaled by
 # the oversubscription: 16 ranks on 2 cores finish far apart without anyone hanging).
 GRACE_S = 2.0
-# The signals torch elastic may turn into its own shutdown: all its defaults but SIGINT.
-SIGNALS_FOR_TORCH_ELASTIC = "SIGTERM,SIGHUP,SIGQUIT"
+# The signals torch elastic may turn into its own shutdown: its defaults but SIGINT and SIGTERM,
+# which stay ours (see interruptible).
+SIGNALS_FOR_TORCH_ELASTIC = "SIGHUP,SIGQUIT"
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
 
 def alive(pid: int) -> bool:
@@ -116,22 +118,24 @@ class Watchdog(threading.Thread):
 
 @contextlib.contextmanager
 def interruptible(outcome: LaunchOutcome) -> Iterator[None]:
-    """Ctrl-C (SIGINT) kills every process below us at once and ends the launch as "interrupted".
+    """Ctrl-C (SIGINT) or SIGTERM kills every process below us at once and ends the launch as
+    interrupted (outcome.stop_signal says which).
 
-    torch elastic would turn SIGINT into its own shutdown, which asks the ranks to stop and waits
-    up to 30 s for them; its handler is kept off SIGINT (TORCHELASTIC_SIGNALS_TO_HANDLE) so ours
-    stays in place for the whole launch."""
+    torch elastic would turn these into its own shutdown, which asks the ranks to stop, waits up to
+    30 s for them and then reports the survivors' verdicts as if the run had ended; its handlers are
+    kept off them (TORCHELASTIC_SIGNALS_TO_HANDLE) so ours stay in place for the whole launch."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
     me = os.getpid()
 
-    def on_sigint(signum: int, frame: Optional[FrameType]) -> None:
+    def on_signal(signum: int, frame: Optional[FrameType]) -> None:
         outcome.interrupted = True
+        outcome.stop_signal = signal.Signals(signum).name
         kill_descendants(me, spare_helpers=False)
         raise KeyboardInterrupt
 
-    saved_handler = signal.signal(signal.SIGINT, on_sigint)
+    saved_handlers = {sig: signal.signal(sig, on_signal) for sig in STOP_SIGNALS}
     saved_env = os.environ.get("TORCHELASTIC_SIGNALS_TO_HANDLE")
     os.environ["TORCHELASTIC_SIGNALS_TO_HANDLE"] = SIGNALS_FOR_TORCH_ELASTIC
     try:
@@ -139,7 +143,8 @@ def interruptible(outcome: LaunchOutcome) -> Iterator[None]:
     except KeyboardInterrupt:
         outcome.interrupted = True
     finally:
-        signal.signal(signal.SIGINT, saved_handler)
+        for sig, handler in saved_handlers.items():
+            signal.signal(sig, handler)
         if saved_env is None:
             os.environ.pop("TORCHELASTIC_SIGNALS_TO_HANDLE", None)
         else:

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
 from ddpdoctor.probe.results import CheckRecord, RankEntry, blame_failures, record, SKIP
-from ddpdoctor.probe.views import DetailTable, bandwidth_table
+from ddpdoctor.probe.views import DetailTable, bandwidth_table, link_table
 
 TORCH, HOROVOD = "torch", "horovod"
 FRAMEWORKS = (TORCH, HOROVOD)
@@ -43,6 +43,8 @@ class CheckSpec:
     # Modules the parent imports once before forking, so that N ranks do not each pay for them.
     preimport: tuple[str, ...] = ()
     render: Optional[Callable[[CheckRecord], Optional[DetailTable]]] = None
+    # Run only when asked for (`--links`, or by name in --checks): it costs a round per rank.
+    on_request: bool = False
 
     def implementation(self) -> "Implementation":
         module = importlib.import_module(f"ddpdoctor.probe.checks.{self.module}")
@@ -138,6 +140,15 @@ CHECKS: tuple[CheckSpec, ...] = (
         "an all-reduce sweep (nccl-tests busbw) and a straggler check on local compute",
         "", render=bandwidth_table,
     ),
+    CheckSpec(
+        "links", TORCH, "link_map",
+        "point-to-point bandwidth and latency of every rank pair, both ways (the link map), none far "
+        "slower than the typical link",
+        "A slow pair points at its link (a cable, a switch port, NVLink fallen back to PCIe: nvidia-smi topo -m, "
+        "nvidia-smi nvlink -s, ibstat); a rank slow with every peer at its own GPU or NIC (nvidia-smi -q -d "
+        "PERFORMANCE,CLOCK for throttling, the NIC's link speed) or its host's load.",
+        faults=("slow-link", "slow-rank"), render=link_table, on_request=True,
+    ),
     # -- Horovod, launched through horovod.runner.run (gloo controller) or an external horovodrun.
     CheckSpec(
         "world", HOROVOD, "horovod_world",
@@ -195,6 +206,11 @@ def checks_for(framework: str) -> tuple[CheckSpec, ...]:
 
 def names_for(framework: str) -> tuple[str, ...]:
     return tuple(spec.name for spec in checks_for(framework))
+
+
+def default_names_for(framework: str) -> tuple[str, ...]:
+    """The checks a run without --checks runs: all but those run only on request."""
+    return tuple(spec.name for spec in checks_for(framework) if not spec.on_request)
 
 
 def spec(framework: str, name: str) -> CheckSpec:

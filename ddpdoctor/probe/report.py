@@ -4,6 +4,7 @@ No torch here."""
 
 from __future__ import annotations
 
+import io
 import json
 import sys
 from typing import IO, Any, Optional
@@ -67,20 +68,35 @@ def _detail_tables(report: dict[str, Any]) -> list[DetailTable]:
 
 
 def _failure_lines(report: dict[str, Any]) -> list[tuple[str, str]]:
-    """(text, style) lines explaining what failed, then the verdict."""
+    """(text, style) lines explaining what failed, then the verdict.
+
+    Each failure is said once: the table's verdict column already carries the summary (the first
+    failing rank's message), so below it come only what the table could not hold -- the other
+    failing ranks' messages, whole tracebacks, the advice -- and the launcher's account only of
+    ranks no check has named."""
     out: list[tuple[str, str]] = []
+    named: set[int] = set()
     for check in report["checks"]:
-        if check["status"] in (R.FAIL, R.ERROR):
-            out.append((f"{check['name']}: {check.get('summary', '')}", "bold red"))
-            for e in check["ranks"]:
-                if e["status"] in (R.FAIL, R.ERROR):
-                    out.append((f"  rank {e['rank']}: {e['message']}", ""))
-                    tb = e["detail"].get("traceback")
-                    if tb:
-                        out.extend((f"    {line}", "dim") for line in tb.strip().splitlines()[-6:])
-            if check.get("advice"):
-                out.append((f"  next: {check['advice']}", ""))
-    failures = report.get("failures") or []
+        if check["status"] not in (R.FAIL, R.ERROR):
+            continue
+        summary = check.get("summary", "")
+        body: list[tuple[str, str]] = []
+        for e in check["ranks"]:
+            if e["status"] not in (R.FAIL, R.ERROR):
+                continue
+            named.add(e["rank"])
+            if e["message"] and e["message"] not in summary:
+                body.append((f"  {R.blame_line([e['rank']], e['message'])}", ""))
+            tb = (e["detail"].get("traceback") or "").strip()
+            if tb:
+                body.append((f"  rank {e['rank']} traceback:", ""))
+                body.extend((f"    {line}", "dim") for line in tb.splitlines())
+        if check.get("advice"):
+            body.append((f"  next: {check['advice']}", ""))
+        if body:
+            out.append((f"{check['name']}:", "bold red"))
+            out.extend(body)
+    failures = [f for f in report.get("failures") or [] if f["rank"] not in named]
     if failures:
         out.append(("launcher: processes that ended badly", "bold"))
         for f in failures:
@@ -111,6 +127,13 @@ def render_plain(report: dict[str, Any], stream: Optional[IO[str]] = None) -> No
     lines.extend(text for text, _ in _failure_lines(report))
     out.write("\n".join(lines) + "\n")
     out.flush()
+
+
+def plain_text(report: dict[str, Any]) -> str:
+    """The plain report as one string (`--output-file`)."""
+    buffer = io.StringIO()
+    render_plain(report, buffer)
+    return buffer.getvalue()
 
 
 def render_rich(report: dict[str, Any], console: Optional[Any] = None) -> None:

@@ -17,8 +17,9 @@ from typing import Any, Iterable, Optional, TypedDict
 PASS, FAIL, SKIP, ERROR = "pass", "fail", "skip", "error"
 STATUSES = (PASS, FAIL, SKIP, ERROR)
 
-# Exit statuses of `ddpdoctor probe`. 130 is the shell's convention for "ended by SIGINT".
-EXIT_OK, EXIT_FAILED, EXIT_COULD_NOT_RUN, EXIT_INTERRUPTED = 0, 1, 2, 130
+# Exit statuses of `ddpdoctor probe`. 130 and 143 are the shell's convention for "ended by SIGINT"
+# and "ended by SIGTERM" (128 + the signal's number).
+EXIT_OK, EXIT_FAILED, EXIT_COULD_NOT_RUN, EXIT_INTERRUPTED, EXIT_TERMINATED = 0, 1, 2, 130, 143
 
 
 class RankEntry(TypedDict):
@@ -89,6 +90,14 @@ def format_ranks(ranks: Iterable[int]) -> str:
     return ("rank " if len(ordered) == 1 else "ranks ") + ", ".join(str(r) for r in ordered)
 
 
+def blame_line(ranks: Iterable[int], message: str) -> str:
+    """"rank 1: <message>", without saying "rank 1" twice when the message already starts with it."""
+    ordered = sorted(set(ranks))
+    if len(ordered) == 1 and message.startswith(f"rank {ordered[0]} "):
+        return message
+    return f"{format_ranks(ordered)}: {message}"
+
+
 def blame_failures(rec: CheckRecord, advice: str = "") -> bool:
     """If any rank failed or errored, name them with the first one's message (and the advice) in
     the record's summary and return True; else leave the record alone and return False."""
@@ -96,9 +105,32 @@ def blame_failures(rec: CheckRecord, advice: str = "") -> bool:
     if not bad:
         return False
     first = next(e for e in rec["ranks"] if e["rank"] in bad)
-    rec["summary"] = f"{format_ranks(bad)}: {first['message']}"
+    rec["summary"] = blame_line(bad, first["message"])
     rec["advice"] = rec.get("advice") or advice
     return True
+
+
+# A traceback is shown whole; only a pathological one (deep recursion) is cut, in the middle and at
+# line boundaries, so that both where it started and where it ended stay readable.
+TRACEBACK_LIMIT = 16000
+_TRACEBACK_HEAD_LINES = 12
+
+
+def clip_traceback(text: str, limit: int = TRACEBACK_LIMIT) -> str:
+    if len(text) <= limit:
+        return text
+    lines = text.splitlines()
+    head = lines[:_TRACEBACK_HEAD_LINES]
+    budget = limit - sum(len(line) + 1 for line in head) - 64
+    tail: list[str] = []
+    for line in reversed(lines[_TRACEBACK_HEAD_LINES:]):
+        if budget - len(line) - 1 < 0:
+            break
+        budget -= len(line) + 1
+        tail.append(line)
+    tail.reverse()
+    omitted = len(lines) - len(head) - len(tail)
+    return "\n".join([*head, f"  ... ({omitted} lines omitted) ...", *tail]) + "\n"
 
 
 def exit_code(checks: Iterable[CheckRecord]) -> int:
@@ -125,8 +157,10 @@ class LaunchOutcome:
     failures: dict[int, dict[str, Any]] = field(default_factory=dict)
     # Set when the launch itself failed (rendezvous, bad address): the probe could not run.
     launch_error: Optional[str] = None
-    # Set when the user interrupted the run (SIGINT): not a verdict on any rank.
+    # Set when the user interrupted the run (SIGINT) or it was told to stop (SIGTERM, by the
+    # signal's name): not a verdict on any rank.
     interrupted: bool = False
+    stop_signal: str = "SIGINT"
     killed_hung_pids: set[int] = field(default_factory=set)
     deadline_hit: bool = False
     elapsed_s: float = 0.0

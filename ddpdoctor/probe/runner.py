@@ -23,7 +23,12 @@ class CouldNotRun(Exception):
 
 
 class Interrupted(Exception):
-    """The user interrupted the run (SIGINT): no verdict on any rank."""
+    """The user interrupted the run (SIGINT) or it was told to stop (SIGTERM): no verdict on any
+    rank. `signal_name` says which."""
+
+    def __init__(self, signal_name: str = "SIGINT") -> None:
+        super().__init__(signal_name)
+        self.signal_name = signal_name
 
 
 def horovod_problem() -> Optional[str]:
@@ -45,8 +50,17 @@ def scaled_timeouts(options: ProbeOptions) -> tuple[float, float, float]:
 
 
 def run_probe(options: ProbeOptions, progress: Optional[Callable[[str], None]] = None,
-              warn: Optional[Callable[[str], None]] = None) -> dict[str, Any]:
+              warn: Optional[Callable[[str], None]] = None, verbose: bool = False) -> dict[str, Any]:
     """Returns the report dict (the JSON contract). Raises OptionError / CouldNotRun / Interrupted."""
+    if options.nnodes > 1 and options.node_rank > 0:
+        # First of all, before torch is imported: a follower whose rendezvous never answers is told
+        # so within its join timeout.
+        from ddpdoctor.probe.rendezvous import Unreachable, wait_for_endpoint
+
+        try:
+            wait_for_endpoint(str(options.rdzv_endpoint), options.join_timeout, note=warn if verbose else None)
+        except Unreachable as exc:
+            raise CouldNotRun(str(exc)) from None
     import torch
     import torch.distributed as dist
 
@@ -98,7 +112,7 @@ def run_probe(options: ProbeOptions, progress: Optional[Callable[[str], None]] =
         framework=options.framework, backend=selection.backend, device=selection.device, timeout=timeout,
         join_timeout=join_timeout, faults=options.faults, checks=options.checks,
         run_id=run_id_for(options.run_id, options.nnodes, options.rdzv_endpoint), report=False,
-        output_format=options.output_format,
+        output_format=options.output_format, link_bytes=options.link_bytes,
     )
     if options.framework == HOROVOD:
         from ddpdoctor.probe.hvd_launch import launch_horovod
@@ -106,16 +120,19 @@ def run_probe(options: ProbeOptions, progress: Optional[Callable[[str], None]] =
         outcome = launch_horovod(config, selection.nproc, grace_s)
     else:
         from ddpdoctor.probe.launch import launch
+        from ddpdoctor.probe.rendezvous import bind_address
 
         if options.nnodes > 1:
             endpoint, local_addr = str(options.rdzv_endpoint), None
         else:
             # Port 0: the agent picks a free one.
             endpoint, local_addr = f"{options.master_addr}:{options.master_port}", options.master_addr
-        outcome = launch(config, selection.nproc, options.nnodes, options.node_rank, endpoint, local_addr, grace_s)
+        outcome = launch(config, selection.nproc, options.nnodes, options.node_rank, endpoint, local_addr, grace_s,
+                         bind_addr=bind_address(options.master_addr, options.nnodes, options.rdzv_endpoint),
+                         verbose=verbose)
     if outcome.interrupted:
         shutil.rmtree(outcome.out_dir, ignore_errors=True)
-        raise Interrupted()
+        raise Interrupted(outcome.stop_signal)
     if outcome.launch_error and not outcome.rank_files:
         raise CouldNotRun(f"launch failed: {outcome.launch_error}")
     checks = merge(outcome, options.checks, world_size, lambda name: advice_for(options.framework, name))

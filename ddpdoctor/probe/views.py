@@ -35,3 +35,24 @@ def bandwidth_table(rec: CheckRecord) -> Optional[DetailTable]:
             for row in sweep
         ),
     )
+
+
+def link_table(rec: CheckRecord) -> Optional[DetailTable]:
+    """The link map as a matrix: the row's rank sends to the column's; * marks a slow pair."""
+    from ddpdoctor.probe.linkmap import cell, slow_cells
+
+    detail = rec.get("detail", {})
+    bandwidth, latency = detail.get("bandwidth_GBps"), detail.get("latency_us")
+    if not bandwidth or not latency:
+        return None
+    n = len(bandwidth)
+    slow = slow_cells(detail)
+    rows = tuple(
+        (f"r{a}", *(("*" if (a, b) in slow else "") + cell(bandwidth[a][b], latency[a][b]) for b in range(n)))
+        for a in range(n)
+    )
+    return DetailTable(
+        title=f"link map, {size_text(int(detail.get('bytes', 0)))} messages (row sends to column; * slow)",
+        headers=("from\\to", *(f"r{b}" for b in range(n))),
+        rows=rows,
+    )

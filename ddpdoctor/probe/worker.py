@@ -128,7 +128,7 @@ def run_checks(
             raise  # the self-test wants this rank really dead
         except Exception as exc:  # noqa: BLE001 -- report it, attributed to this rank
             mine = R.entry(me.rank, R.ERROR, f"{type(exc).__name__}: {first_line(exc)}"[:300],
-                           traceback=traceback.format_exc()[-4000:])
+                           traceback=R.clip_traceback(traceback.format_exc()))
         mine["detail"]["seconds"] = round(time.perf_counter() - started, 4)
         rank_file.data["own"][spec.name] = mine
         rank_file.update()
@@ -141,7 +141,7 @@ def run_checks(
             rec["status"] = R.FAIL
             # The missing ranks are the news; the others' errors are usually just waiting on them.
             gone = next(e for e in rec["ranks"] if e["rank"] == missing[0])
-            rec["summary"] = f"{R.format_ranks(missing)}: {gone['message']}"
+            rec["summary"] = R.blame_line(missing, gone["message"])
             abort = f"not run: {R.format_ranks(missing)} stopped responding during {spec.name}"
         elif rec["status"] == R.ERROR:
             # A rank raised mid-sequence: the process group may be out of step, so stop here.
@@ -233,7 +233,7 @@ def run_rank(
     except BaseException:
         text = traceback.format_exc()
         post_crash(store, me.rank, text)
-        rank_file.update(crashed=text[-4000:])
+        rank_file.update(crashed=R.clip_traceback(text))
         raise
     finally:
         stall.disarm()  # checks that need no process group never reach the session's start
@@ -285,14 +285,29 @@ def connect_store(addr: str, port: int, world_size: int, is_master: bool, join_t
 
     import torch.distributed as dist
 
+    from ddpdoctor.probe.options import OptionError, resolve_local_address
+    from ddpdoctor.probe.rendezvous import bound_store
+
+    bind_to: Optional[str] = None
+    if is_master:
+        # Rank 0 hosting the store (a bare RANK/WORLD_SIZE launch): listen on MASTER_ADDR only, as
+        # the probe's own launch does, not on every interface.
+        try:
+            bind_to = resolve_local_address(addr)
+        except OptionError:
+            bind_to = None  # not an address of this host as far as we can tell: torch's own choice
     deadline = time.monotonic() + join_timeout
     while True:
         # Short connection attempts, retried: a connect that stalls (seen rarely on an overloaded
         # host right after fork) is abandoned and tried again rather than eating the whole budget.
         attempt = max(1.0, min(3.0, deadline - time.monotonic()))
+        options: dict[str, Any] = {"world_size": world_size, "timeout": timedelta(seconds=attempt),
+                                   "wait_for_workers": False}
         try:
-            store = dist.TCPStore(addr, port, world_size, is_master=is_master,
-                                  timeout=timedelta(seconds=attempt), wait_for_workers=False)
+            if is_master and bind_to is not None:
+                store = bound_store(bind_to, port, **options)
+            else:
+                store = dist.TCPStore(addr, port, is_master=is_master, **options)
             break
         except Exception:  # noqa: BLE001
             if is_master or time.monotonic() + 0.1 >= deadline:
@@ -340,7 +355,7 @@ class TorchSession:
         self._ctx = Context(
             rank=me.rank, world_size=me.world_size, local_rank=me.local_rank, local_world_size=me.local_world_size,
             node_rank=me.node_rank, backend=self.backend, device=device, timeout=config.timeout,
-            faults=Faults(config.faults, me.rank),
+            faults=Faults(config.faults, me.rank), link_bytes=config.link_bytes,
         )
 
     def context(self) -> Any:

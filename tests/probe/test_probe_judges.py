@@ -165,9 +165,12 @@ def _hashes(*spec: tuple[str, float]) -> list[R.RankEntry]:
     # ... and when neither is far (or both are), nobody can be trusted: both.
     ((("a", 0.0), ("b", 0.0)), [0, 1]),
     ((("a", 1e-3), ("b", 1e-3)), [0, 1]),
-    # Three ranks: the strict majority wins, even against the distances.
+    # Three ranks: with every rank within its reference, the strict majority decides; the reference
+    # beats the majority: a rank off its reference is blamed, however many agree with it.
     ((("a", 0.0), ("a", 0.0), ("b", 0.0)), [2]),
-    ((("b", 1e-3), ("a", 1e-3), ("a", 1e-3)), [0]),
+    ((("b", 1e-3), ("a", 0.0), ("a", 0.0)), [0]),
+    ((("b", 0.0), ("a", 1e-3), ("a", 1e-3)), [1, 2]),
+    ((("b", 1e-3), ("a", 1e-3), ("a", 1e-3)), [0, 1, 2]),
     # Four ranks: 3-1 is a majority; 2-2 is a tie decided by the distances.
     ((("a", 0.0), ("b", 0.0), ("a", 0.0), ("a", 0.0)), [1]),
     ((("a", 0.0), ("a", 0.0), ("b", 1e-3), ("b", 1e-3)), [2, 3]),

@@ -30,7 +30,11 @@ def test_parse_fault() -> None:
 
 def test_parse_checks_keeps_canonical_order() -> None:
     assert parse_checks("sampler,world") == ("world", "sampler")
-    assert parse_checks(None) == names_for(TORCH)
+    # By default every check but the link map, which runs on request (--links, or by name).
+    assert parse_checks(None) == tuple(name for name in names_for(TORCH) if name != "links")
+    assert parse_checks(None, extra=("links",)) == names_for(TORCH)
+    assert parse_checks("links,world") == ("world", "links")
+    assert parse_checks("world", extra=("links",)) == ("world", "links")
     with pytest.raises(OptionError, match="unknown check"):
         parse_checks("world,nope")
 
@@ -65,7 +69,7 @@ def test_bad_options_exit_2_with_one_line(args: list[str], message: str) -> None
 
 def test_nccl_on_a_machine_without_enough_gpus_is_refused_before_launch() -> None:
     # torch here is a CPU build (or has fewer GPUs than 64 ranks): refused in one line, nothing launched.
-    result = CliRunner().invoke(probe, ["--backend", "nccl", "--nproc", "64"])
+    result = CliRunner().invoke(probe, ["--backend", "nccl", "--nproc", "64", "--force"])
     assert result.exit_code == 2
     assert "Traceback" not in result.output
     assert "NCCL" in result.output or "nccl" in result.output

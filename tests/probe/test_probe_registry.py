@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from ddpdoctor.probe.config import RankConfig
-from ddpdoctor.probe.faults import FAULT_KINDS, FaultSpec
+from ddpdoctor.probe.faults import FAULT_KINDS, LINK_FAULTS, FaultSpec
 from ddpdoctor.probe.registry import CHECKS, FRAMEWORKS, HOROVOD, TORCH, checks_for, detector, names_for
 from probe_helpers import REPO
 
@@ -21,12 +21,14 @@ PACKAGE = REPO / "ddpdoctor"
 
 def test_every_fault_kind_is_caught_by_exactly_one_check_per_framework() -> None:
     for framework in FRAMEWORKS:
-        for kind in FAULT_KINDS:
+        # The link faults are planted in the link map, which only torch ranks run.
+        for kind in (k for k in FAULT_KINDS if framework == TORCH or k not in LINK_FAULTS):
             catchers = [s.name for s in checks_for(framework) if kind in s.faults]
             assert len(catchers) == 1, (framework, kind, catchers)
             assert detector(framework, kind).name == catchers[0]
     assert detector(TORCH, "param-desync").name == "param-sync"
     assert detector(HOROVOD, "param-desync").name == "broadcast-parameters"
+    assert detector(TORCH, "slow-link").name == detector(TORCH, "slow-rank").name == "links"
 
 
 def test_each_check_is_declared_once_with_an_implementation() -> None:
@@ -43,8 +45,8 @@ def test_each_check_is_declared_once_with_an_implementation() -> None:
 
 
 def test_rank_config_round_trips_through_json() -> None:
-    config = RankConfig(framework=HOROVOD, timeout=2.5, faults=(FaultSpec("hang", 1),), checks=("world", "liveness"),
-                        store_addr="127.0.0.1", store_port=1234)
+    config = RankConfig(framework=HOROVOD, timeout=2.5, faults=(FaultSpec("hang", 1), FaultSpec("slow-link", 0, 2)),
+                        checks=("world", "liveness"), store_addr="127.0.0.1", store_port=1234, link_bytes=4096)
     assert RankConfig.from_json(config.to_json()) == config
     # Unknown keys from a newer parent are ignored, not fatal.
     assert RankConfig.from_dict({"timeout": 1.0, "later_option": True}).timeout == 1.0
@@ -119,8 +121,10 @@ def test_no_import_cycles_in_the_probe_package() -> None:
     "ddpdoctor.probe.registry", "ddpdoctor.probe.results", "ddpdoctor.probe.config", "ddpdoctor.probe.options",
     "ddpdoctor.probe.command", "ddpdoctor.probe.report", "ddpdoctor.probe.tolerance", "ddpdoctor.probe.judges",
     "ddpdoctor.probe.merge", "ddpdoctor.probe.views", "ddpdoctor.probe.faults", "ddpdoctor.probe.procs",
+    "ddpdoctor.probe.linkmap", "ddpdoctor.probe.rendezvous", "ddpdoctor.probe.plot",
 ])
 def test_torch_free_modules_import_alone_without_torch(module: str) -> None:
-    code = f"import sys, {module}; sys.exit(3 if 'torch' in sys.modules else 0)"
+    # matplotlib neither: only `--plot` loads it, after the run.
+    code = f"import sys, {module}; sys.exit(3 if {{'torch', 'matplotlib'}} & set(sys.modules) else 0)"
     proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr or f"{module} imported torch"

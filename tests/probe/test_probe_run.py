@@ -108,16 +108,6 @@ def test_external_launcher_runs_the_worker_module() -> None:
     assert report["world_size"] == 2
 
 
-def test_unreachable_rendezvous_is_a_one_line_launch_error() -> None:
-    # 127.0.0.9 is loopback: nothing listens there, and no traffic leaves the machine.
-    run = run_probe("--nnodes", "2", "--node-rank", "1", "--rdzv-endpoint", f"127.0.0.9:{free_port()}",
-                    "--nproc", "1", "--join-timeout", "3", "--timeout", TIMEOUT)
-    assert run.returncode == 2, run.stdout + run.stderr
-    assert "launch failed" in run.stderr
-    assert "Traceback" not in run.stderr
-    assert run.seconds < 30
-
-
 def _start_node(node_rank: int, port: int, mark: str, *extra: str) -> subprocess.Popen:
     return subprocess.Popen(
         [*PROBE, "--nnodes", "2", "--node-rank", str(node_rank), "--rdzv-endpoint", f"127.0.0.1:{port}",

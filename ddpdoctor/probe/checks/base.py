@@ -26,6 +26,8 @@ class Context:
     faults: Faults
     # Capabilities probed at start-up on this backend (feature -> the reason it is unsupported).
     unsupported: dict[str, str] = field(default_factory=dict)
+    # The link map's message size (0: its default for the device).
+    link_bytes: int = 0
 
     @property
     def on_cuda(self) -> bool:

@@ -16,7 +16,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from ddpdoctor.probe import results as R
 from ddpdoctor.probe.checks.base import Context, abs_grad_sum, param_abs_max, tensor_hash
-from ddpdoctor.probe.judges import odd_ones_out
+from ddpdoctor.probe.judges import differ_from_reference
 from ddpdoctor.probe.tolerance import step_tolerance
 
 NAME = "param-sync"
@@ -86,19 +86,30 @@ def run(ctx: Context) -> R.RankEntry:
 
 def judge(entries: list[R.RankEntry]) -> R.CheckRecord:
     live = [e for e in entries if e["status"] == R.PASS]
-    bad_init = odd_ones_out(live, "hash_init", "max_diff_vs_reference_init", "tolerance_init")
-    bad_step = odd_ones_out(live, "hash_step", "max_diff_vs_reference_step", "tolerance_step")
+    bad_init = differ_from_reference(live, "hash_init", "max_diff_vs_reference_init", "tolerance_init")
+    # A rank that starts the step with other weights sends other gradients, and DDP averages them
+    # into every rank's step: after a bad start every rank's step differs, but only the ranks that
+    # started wrong are at fault. The step is judged only when the start was right.
+    bad_step = set() if bad_init else differ_from_reference(live, "hash_step", "max_diff_vs_reference_step", "tolerance_step")
     for e in live:
-        where = [w for w, bad in (("after DDP construction", bad_init), ("after one step", bad_step)) if e["rank"] in bad]
-        if where:
+        d = e["detail"]
+        if e["rank"] in bad_init:
             e["status"] = R.FAIL
             e["message"] = (
-                f"parameters/buffers differ from the other ranks {' and '.join(where)} "
-                f"(hash {e['detail']['hash_init']} / {e['detail']['hash_step']}, max diff vs reference "
-                f"{e['detail']['max_diff_vs_reference_init']:.3g} / {e['detail']['max_diff_vs_reference_step']:.3g})"
+                f"parameters/buffers differ from rank 0's after DDP construction (hash {d['hash_init']}, "
+                f"max diff vs reference {d['max_diff_vs_reference_init']:.3g})"
+            )
+        elif e["rank"] in bad_step:
+            e["status"] = R.FAIL
+            e["message"] = (
+                f"parameters/buffers differ from the single-process reference after one step (hash {d['hash_step']}, "
+                f"max diff {d['max_diff_vs_reference_step']:.3g} > bound {d.get('tolerance_step', 0.0):.3g})"
             )
     rec = R.record(NAME, entries)
-    if not R.blame_failures(rec):
+    if R.blame_failures(rec):
+        if bad_init and len(bad_init) < len(live):
+            rec["summary"] += "; the other ranks' first step differs too, through the averaged gradients"
+    else:
         rec["summary"] = (
             f"every parameter and buffer hashes the same on all {len(live)} ranks after DDP construction "
             f"and after one step ({live[0]['detail']['hash_step'] if live else '?'})"
