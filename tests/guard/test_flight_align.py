@@ -90,6 +90,15 @@ def test_ids_a_ring_buffer_dropped_are_not_judged(tmp_path: Path) -> None:
     assert judge(tmp_path / "a", {0: rank0, 1: rank1}) == []
     rank1[2] = entry(3, sizes=((9,),))  # just past: #3 is in both buffers
     assert one(judge(tmp_path / "b", {0: rank0, 1: rank1}), "GRD001").details["evidence"]["seq"] == 3
+    # Even where the ranks that still hold an id disagree on it, it is not judged without every member's entry.
+    rank1[2] = entry(3)
+    assert judge(tmp_path / "c", {0: rank0, 1: rank1, 2: [entry(1), entry(2), entry(3), entry(4)]}) == []
+
+
+def test_a_gap_in_a_ranks_ids_is_not_a_crash(tmp_path: Path) -> None:
+    # Not what torch writes, but a dump is untrusted: rank 0 skips id 2, rank 1 stops at 1.
+    finding = one(judge(tmp_path, {0: [entry(1), entry(3, line=33)], 1: [entry(1)]}), "GRD002")
+    assert finding.details["ranks"] == [1] and finding.line == 33
 
 
 def test_a_member_with_no_entry_of_a_group(tmp_path: Path) -> None:
@@ -108,8 +117,8 @@ def test_a_member_with_no_entry_of_a_group(tmp_path: Path) -> None:
 
 
 def test_point_to_point_entries_are_not_compared(tmp_path: Path) -> None:
-    rank0 = [entry(1), entry(1, op="send", is_p2p=True, record_id=1)]
-    rank1 = [entry(1), entry(1, op="recv", is_p2p=True, record_id=1, sizes=((7,),))]
+    rank0 = [entry(1), entry(5, op="send", is_p2p=True, record_id=1)]
+    rank1 = [entry(1), entry(5, op="recv", is_p2p=True, record_id=1, sizes=((7,),))]
     assert judge(tmp_path, {0: rank0, 1: rank1}) == []
 
 
@@ -119,6 +128,8 @@ def test_never_completed_only_where_the_recorder_tracks_completion(tmp_path: Pat
     finding = one(judge(tmp_path / "a", {0: done, 1: started}), "GRD002")
     assert finding.details["ranks"] == [1] and "rank 1 never completed all_reduce" in finding.message
     assert judge(tmp_path / "b", {0: done, 1: done}) == []
+    # Both still in it: the collective itself is slow or stuck, no rank is behind the others.
+    assert judge(tmp_path / "d", {0: started, 1: started}) == []
     # gloo in torch 2.13 leaves every entry "scheduled": no completion is known, nothing is said.
     scheduled = [entry(1), entry(2, line=50)]
     assert judge(tmp_path / "c", {0: done, 1: scheduled}) == []

@@ -175,3 +175,9 @@ def test_cli_clean_dumps_exit_0(tmp_path: Path) -> None:
     result = analyze_cli(str(tmp_path))
     assert (result.returncode, result.stdout) == (0, "")
     assert result.stderr == "ddpdoctor guard --analyze: ranks 0, 1, 2 collectives in 1 process group: no finding\n"
+
+
+def test_the_post_mortem_never_imports_torch() -> None:
+    code = ("import sys, ddpdoctor.cli, ddpdoctor.guard.flight.analyze; "
+            "sys.exit('torch' in sys.modules)")
+    assert subprocess.run([sys.executable, "-c", code], cwd=REPO, env=guard_env("fr-notorch"), timeout=60).returncode == 0
