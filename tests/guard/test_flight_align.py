@@ -143,7 +143,8 @@ def test_frames_point_at_the_users_code_and_name_ddp(tmp_path: Path) -> None:
     backward = [{"name": "_engine_run_backward", "filename": f"{SITE}/autograd/graph.py", "line": 979},
                 {"name": "backward", "filename": f"{SITE}/_tensor.py", "line": 623},
                 {"name": "step", "filename": "/job/loop.py", "line": 8}]
-    rank0 = [entry(1, op="broadcast", frames=ddp), entry(2, sizes=((30,),), frames=backward)]
+    guarded = [{"name": "collective", "filename": "/src/ddpdoctor/guard/patches.py", "line": 111}, *backward]
+    rank0 = [entry(1, op="broadcast", frames=ddp), entry(2, sizes=((30,),), frames=guarded)]
     rank1 = [entry(1, op="broadcast", frames=ddp)]
     finding = one(judge(tmp_path, {0: rank0, 1: rank1}), "GRD002")
     assert (finding.path, finding.line) == ("/job/loop.py", 8)

@@ -180,4 +180,5 @@ def test_cli_clean_dumps_exit_0(tmp_path: Path) -> None:
 def test_the_post_mortem_never_imports_torch() -> None:
     code = ("import sys, ddpdoctor.cli, ddpdoctor.guard.flight.analyze; "
             "sys.exit('torch' in sys.modules)")
-    assert subprocess.run([sys.executable, "-c", code], cwd=REPO, env=guard_env("fr-notorch"), timeout=60).returncode == 0
+    result = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=guard_env("fr-notorch"), timeout=60)
+    assert result.returncode == 0

@@ -30,7 +30,8 @@ def reports(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, dict
     mark = uuid.uuid4().hex
     jobs = {}
     for scenario in SCENARIOS:
-        env = guard_env(mark) | {"TORCH_FR_BUFFER_SIZE": "200", "TORCH_FR_DUMP_TEMP_FILE": str(root / scenario / "fr_")}
+        env = guard_env(mark) | {"TORCH_FR_BUFFER_SIZE": "200",
+                                 "TORCH_FR_DUMP_TEMP_FILE": str(root / scenario / "fr_")}
         (root / scenario).mkdir()
         jobs[scenario] = subprocess.Popen([sys.executable, "fixtures/guard/forklaunch.py", "2", JOB, scenario],
                                           cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)

@@ -32,9 +32,14 @@ _SHAPES_MAY_DIFFER = frozenset({
     "gather", "scatter", "reduce_scatter", "_reduce_scatter_base", "reduce_scatter_v",
     "reduce_scatter_tensor_coalesced", "REDUCE_SCATTER_coalesced"})
 # Frames that are not the user's: torch itself (installed or a source tree), the standard library, <string>.
-_NOT_USER = re.compile(r"(^<)|([\\/](site|dist)-packages[\\/](torch|ddpdoctor)[\\/])|([\\/]torch[\\/](distributed|nn|"
-                       r"autograd|utils|_dynamo|multiprocessing)[\\/])|([\\/]torch[\\/]_tensor\.py$)|([\\/]lib[\\/]python3\.\d+[\\/](?!site-packages"
-                       r"|dist-packages))")
+_NOT_USER = re.compile("|".join((
+    r"^<",  # <string>, <frozen runpy>
+    r"[\\/](site|dist)-packages[\\/](torch|ddpdoctor)[\\/]",
+    r"[\\/]torch[\\/](distributed|nn|autograd|utils|_dynamo|multiprocessing)[\\/]",  # a source tree's torch
+    r"[\\/]torch[\\/]_tensor\.py$",
+    r"[\\/]ddpdoctor[\\/]guard[\\/]",  # the live guard's wrappers around the collectives
+    r"[\\/]lib[\\/]python3\.\d+[\\/](?!site-packages|dist-packages)",  # the standard library
+)))
 _DDP_FILE = re.compile(r"[\\/]torch[\\/]nn[\\/]parallel[\\/]distributed\.py$")
 _AUTOGRAD = re.compile(r"[\\/]torch[\\/]autograd[\\/]")
 STACK_DEPTH = 3  # user frames quoted per rank in a message (all of them go into the JSON evidence)
