@@ -33,9 +33,13 @@ def _fail(message: str) -> click.exceptions.Exit:
               help="Write the JSON report to this file.")
 @click.option("--format", "output_format", type=click.Choice(["text", "json"]), default="text", show_default=True,
               help="json: print the report on stdout (the command's own stdout goes to stderr).")
+@click.option("--analyze", "analyze_dumps", metavar="DIR",
+              help="Run nothing: judge the Flight Recorder dumps torch wrote in DIR (or DIR/PREFIX, as given to "
+                   "TORCH_FR_DUMP_TEMP_FILE).")
 @click.argument("command", nargs=-1, type=click.UNPROCESSED)
 def guard(stall_timeout: float, every: int, straggler_window: int, on_stall: str, store: Optional[str],
-          report_file: Optional[str], output_format: str, command: Sequence[str]) -> None:
+          report_file: Optional[str], output_format: str, analyze_dumps: Optional[str],
+          command: Sequence[str]) -> None:
     """Run a training job with the guard in every rank: ddpdoctor guard -- torchrun ... train.py
 
     Names the rank whose collectives do not match the others' (GRD001), that stalls the job
@@ -43,6 +47,12 @@ def guard(stall_timeout: float, every: int, straggler_window: int, on_stall: str
     more batches (GRD005), that is a straggler (GRD006) or uses the wrong GPU (GRD007). Exit status:
     the command's own when it failed, else 1 with findings, 0 without, 2 for a usage error.
     """
+    if analyze_dumps is not None:
+        if command:
+            raise _fail("--analyze reads dumps and runs no command: drop the command or --analyze")
+        from ddpdoctor.guard.flight.analyze import main as analyze
+
+        raise click.exceptions.Exit(analyze(analyze_dumps, output_format, report_file))
     from ddpdoctor.guard.run import UsageError, run
 
     options = GuardOptions(stall_timeout=stall_timeout, every=every, straggler_window=straggler_window,
