@@ -8,6 +8,7 @@
                a call (the callee's test of a parameter read as the caller's test of the argument)
     callorder  in which order statements run across a class's methods and the module's helpers
     lazy       nn.Lazy* layers a module value holds, and whether a forward materialised them
+    stepping   which call steps an optimizer, under which accumulation condition, what clears its gradients
     reads      where the value a call builds is read, through the one name it is bound to
     harness    test-suite detection
     launch     launch evidence: is this one of several processes; what the launcher's environment says
@@ -26,7 +27,7 @@ from typing import Optional
 
 import libcst as cst
 
-from ddpdoctor.lint.analysis import callorder, conditions, devices, harness, launch, lazy, ranks, reads, sharding, summaries, syntax
+from ddpdoctor.lint.analysis import callorder, conditions, devices, harness, launch, lazy, ranks, reads, sharding, stepping, summaries, syntax
 from ddpdoctor.lint.analysis.imports import ProjectSources
 from ddpdoctor.lint.analysis.model import (
     MAX_DEPTH,
@@ -47,7 +48,7 @@ __all__ = [
     "MAX_DEPTH", "UNKNOWN", "Assignment", "Call", "Context", "Expr", "Function", "Guard", "Loop",
     "ModuleModel", "ProjectSources", "Route", "Runs", "SubscriptStore", "WhoRuns", "build_analysis",
     "callorder", "conditions", "contains", "decided_by_guards", "devices", "dotted_name", "harness", "launch", "lazy", "names_in", "ranks",
-    "reaches_several_processes", "reads", "route_runs", "sharding", "summaries", "syntax", "walk", "who_runs",
+    "reaches_several_processes", "reads", "route_runs", "sharding", "stepping", "summaries", "syntax", "walk", "who_runs",
 ]
 
 

@@ -1,0 +1,116 @@
+"""How a training loop updates: which call steps an optimizer, under which accumulation condition
+it steps, and which `zero_grad()` clears the gradients a backward adds to.
+
+Gradient accumulation is a backward on every micro-batch and an optimizer step only under a
+condition such as `(i + 1) % accum_steps == 0`; the gradients must then be cleared after the step
+(or under the same condition), not before every backward, or the micro-batches that do not step
+are thrown away. These are the facts both halves of that question need.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Optional, Union
+
+from ddpdoctor.lint.analysis.model import Call, Function, Guard, Loop, ModuleModel
+from ddpdoctor.lint.analysis.syntax import contains, dotted_name, modulo_divisors, names_in
+
+
+def is_optimizer_name(written: str) -> bool:
+    """A name an optimizer goes by: `optimizer`, `self.optim`, `opt`, `opt_g`, `optD`,
+    `actor_opt`, `solver`; not `scheduler`, `options`, `lr_scheduler`."""
+    raw = written.rsplit(".", 1)[-1]
+    words = [w.lower() for w in re.split(r"_|(?<=[a-z0-9])(?=[A-Z])", raw) if w]
+    if any("sched" in w for w in words):
+        return False
+    return "opt" in words or "solver" in words or any("optim" in w for w in words)
+
+
+def stepped_optimizer(call: Call) -> Optional[str]:
+    """The optimizer an `optimizer.step()` / `self.opt.step()` / `scaler.step(optimizer)` steps, as
+    written; None for any other `.step()` (a scheduler, an environment, a sampler)."""
+    if call.attr != "step":
+        return None
+    receiver = dotted_name(call.receiver) or ""
+    if receiver and is_optimizer_name(receiver):
+        return receiver
+    if "scaler" in receiver.rsplit(".", 1)[-1].lower() and call.args:
+        argument = dotted_name(call.args[0].value) or ""
+        if argument and is_optimizer_name(argument):
+            return argument
+    return None
+
+
+def is_accumulation_test(model: ModuleModel, guard: Guard, at: Call) -> bool:
+    """`(i + 1) % accum_steps == 0` (a modulo by something other than 1), or a test that reads an
+    accumulation counter (`if step_in_accum == grad_accum_steps - 1:`)."""
+    for divisor in modulo_divisors(guard.test):
+        if model.const_value(divisor, at.order, at.function) != 1:
+            return True
+    return any("accum" in name.lower() for name in names_in(guard.test))
+
+
+def conditional_step(model: ModuleModel, backward: Call, loop: Union[Loop, Function]) -> tuple[Optional[Call], Optional[Guard]]:
+    """An optimizer step in the same iteration of `loop` as `backward` that runs only under an
+    accumulation condition (`(i + 1) % accum_steps == 0`) which does not also guard the backward;
+    with that condition."""
+    for call in model.method_calls("step"):
+        if call.function is not backward.function or not contains(loop, call.order):
+            continue
+        if stepped_optimizer(call) is None:
+            continue
+        for guard in call.ctx.guards:
+            if guard.order < loop.order or guard in backward.ctx.guards:
+                continue
+            if is_accumulation_test(model, guard, call):
+                return call, guard
+    return None, None
+
+
+def clears_before(model: ModuleModel, backward: Call, loop: Union[Loop, Function]) -> list[Call]:
+    """The `zero_grad()` calls (of any optimizer or model) that run in the same iteration of `loop`
+    as `backward`, before it, under no condition the backward does not share: what earlier
+    iterations' backwards left is discarded, so nothing accumulates across iterations."""
+    out: list[Call] = []
+    for call in model.method_calls("zero_grad"):
+        if call.function is not backward.function or not contains(loop, call.order) or call.order > backward.order:
+            continue
+        if all(guard in backward.ctx.guards for guard in call.ctx.guards if guard.order >= loop.order):
+            out.append(call)
+    return out
+
+
+def clears_stepped_gradients(model: ModuleModel, clear: Call, step: Call, loop: Union[Loop, Function]) -> bool:
+    """`clear` empties the gradients `step` applies: it is `zero_grad()` of the same optimizer, or
+    of a model (or anything not an optimizer) while the loop steps one optimizer only."""
+    stepped = stepped_optimizer(step)
+    cleared = dotted_name(clear.receiver)
+    if stepped is None or cleared is None:
+        return False
+    if cleared == stepped:
+        return True
+    if is_optimizer_name(cleared):
+        return False  # another optimizer's zero_grad: a GAN's discriminator cleared, not the generator
+    steps = {
+        stepped_optimizer(c)
+        for c in model.method_calls("step")
+        if c.function is step.function and contains(loop, c.order)
+    }
+    return steps == {stepped}
+
+
+def alternating_schedule(model: ModuleModel, step: Call, loop: Union[Loop, Function]) -> bool:
+    """Another optimizer steps in the same iteration under no accumulation condition: the
+    conditional step is an update schedule (a GAN's generator every `n_critic` critic steps, TD3's
+    delayed actor), not accumulation; what the skipped iterations' backwards computed for it was
+    never meant to be summed."""
+    stepped = stepped_optimizer(step)
+    for other in model.method_calls("step"):
+        if other is step or other.function is not step.function or not contains(loop, other.order):
+            continue
+        name = stepped_optimizer(other)
+        if name is None or name == stepped:
+            continue
+        if not any(g.order >= loop.order and is_accumulation_test(model, g, other) for g in other.ctx.guards):
+            return True
+    return False

@@ -1,0 +1,116 @@
+"""How a training loop updates: the optimizer a step call steps, its accumulation condition, the
+clears before a backward, which optimizer a clear empties, and update schedules."""
+
+from __future__ import annotations
+
+import textwrap
+
+import libcst as cst
+import pytest
+
+from ddpdoctor.lint.analysis import Call, ModuleModel, build_analysis, stepping
+
+
+def _model(body: str) -> ModuleModel:
+    return build_analysis(cst.parse_module(textwrap.dedent(body)))
+
+
+def _only(model: ModuleModel, attr: str, receiver: str) -> Call:
+    (call,) = [c for c in model.method_calls(attr) if c.dotted == f"{receiver}.{attr}"]
+    return call
+
+
+@pytest.mark.parametrize(
+    ("code", "stepped"),
+    [
+        ("optimizer.step()", "optimizer"),
+        ("self.opt.step()", "self.opt"),
+        ("scaler.step(self.optimizer)", "self.optimizer"),
+        ("scheduler.step()", None),
+        ("lr_optimizer_scheduler.step()", None),
+        ("env.step(action)", None),
+        ("scaler.step(model)", None),
+    ],
+)
+def test_stepped_optimizer(code: str, stepped: object) -> None:
+    model = _model(code + "\n")
+    (call,) = model.calls
+    assert stepping.stepped_optimizer(call) == stepped
+
+
+LOOP = """
+for i, x in enumerate(data):
+    {clear}
+    model(x).sum().backward()
+    if (i + 1) % {divisor} == 0:
+        optimizer.step()
+    {after}
+"""
+
+
+@pytest.mark.parametrize(
+    ("clear", "divisor", "after", "found"),
+    [
+        ("optimizer.zero_grad()", "accum", "pass", True),
+        ("optimizer.zero_grad()", "1", "pass", False),  # `% 1`: every iteration steps
+        ("pass", "accum", "optimizer.zero_grad()", False),  # cleared after: accumulates
+        ("if i % accum == 0: optimizer.zero_grad()", "accum", "pass", False),
+    ],
+)
+def test_a_clear_before_every_backward_and_a_conditional_step(clear: str, divisor: str, after: str, found: bool) -> None:
+    model = _model(LOOP.format(clear=clear, divisor=divisor, after=after))
+    (backward,) = model.method_calls("backward")
+    loop = model.loops[0]
+    step, guard = stepping.conditional_step(model, backward, loop)
+    clears = stepping.clears_before(model, backward, loop)
+    assert (step is not None and bool(clears)) is found
+
+
+def test_which_clear_empties_the_stepped_optimizer() -> None:
+    model = _model(
+        """
+        for i, x in enumerate(data):
+            opt_d.zero_grad()
+            net.zero_grad()
+            loss(x).backward()
+            if i % 4 == 0:
+                opt_g.step()
+        """
+    )
+    loop = model.loops[0]
+    step = _only(model, "step", "opt_g")
+    assert not stepping.clears_stepped_gradients(model, _only(model, "zero_grad", "opt_d"), step, loop)
+    assert stepping.clears_stepped_gradients(model, _only(model, "zero_grad", "net"), step, loop)
+
+
+def test_another_optimizer_stepping_every_iteration_is_a_schedule() -> None:
+    schedule = _model(
+        """
+        for i, x in enumerate(data):
+            critic_opt.step()
+            if i % 5 == 0:
+                actor_opt.step()
+        """
+    )
+    assert stepping.alternating_schedule(schedule, _only(schedule, "step", "actor_opt"), schedule.loops[0])
+    both_accumulate = _model(
+        """
+        for i, x in enumerate(data):
+            if i % 5 == 0:
+                critic_opt.step()
+            if i % 5 == 0:
+                actor_opt.step()
+        """
+    )
+    step = _only(both_accumulate, "step", "actor_opt")
+    assert not stepping.alternating_schedule(both_accumulate, step, both_accumulate.loops[0])
+
+
+@pytest.mark.parametrize(
+    ("name", "optimizer"),
+    [("optimizer", True), ("self.optim", True), ("opt_g", True), ("optD", True), ("actor_opt", True),
+     ("g_optimizer", True), ("solver", True), ("scheduler", False), ("options", False),
+     ("lr_scheduler", False), ("optim_scheduler", False), ("model", False)],
+)
+def test_optimizer_names(name: str, optimizer: bool) -> None:
+    assert stepping.is_optimizer_name(name) is optimizer
