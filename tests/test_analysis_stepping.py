@@ -114,3 +114,41 @@ def test_another_optimizer_stepping_every_iteration_is_a_schedule() -> None:
 )
 def test_optimizer_names(name: str, optimizer: bool) -> None:
     assert stepping.is_optimizer_name(name) is optimizer
+
+
+HOROVOD = """
+import horovod.torch as hvd
+opt = hvd.DistributedOptimizer(base)
+for x in data:
+    {before}
+    with {manager}:
+        scaler.step(opt)
+"""
+
+
+@pytest.mark.parametrize(
+    ("before", "manager", "synchronized", "skipped"),
+    [
+        ("opt.synchronize()", "opt.skip_synchronize()", True, True),
+        ("opt.synchronize()", "autocast()", True, False),
+        ("other.synchronize()", "other.skip_synchronize()", False, False),
+        ("if check: opt.synchronize()", "opt.skip_synchronize()", False, True),
+    ],
+)
+def test_horovod_synchronize_and_skip(before: str, manager: str, synchronized: bool, skipped: bool) -> None:
+    model = _model(HOROVOD.format(before=before, manager=manager))
+    step = _only(model, "step", "scaler")
+    assert [c.name for c in stepping.horovod_optimizer_wraps(model, step.arg(0), step)] == [stepping.HOROVOD_OPTIMIZER]
+    assert (stepping.synchronized_before(model, "opt", step) is not None) is synchronized
+    assert stepping.under_skip_synchronize("opt", step) is skipped
+
+
+def test_a_synchronize_in_the_previous_iteration_does_not_count() -> None:
+    model = _model(
+        """
+        opt.synchronize()
+        for x in data:
+            scaler.step(opt)
+        """
+    )
+    assert stepping.synchronized_before(model, "opt", _only(model, "step", "scaler")) is None

@@ -12,8 +12,10 @@ from __future__ import annotations
 import re
 from typing import Optional, Union
 
+import libcst as cst
+
 from ddpdoctor.lint.analysis.model import Call, Function, Guard, Loop, ModuleModel
-from ddpdoctor.lint.analysis.syntax import contains, dotted_name, modulo_divisors, names_in
+from ddpdoctor.lint.analysis.syntax import Expr, contains, dotted_name, modulo_divisors, names_in
 
 
 def is_optimizer_name(written: str) -> bool:
@@ -112,5 +114,41 @@ def alternating_schedule(model: ModuleModel, step: Call, loop: Union[Loop, Funct
         if name is None or name == stepped:
             continue
         if not any(g.order >= loop.order and is_accumulation_test(model, g, other) for g in other.ctx.guards):
+            return True
+    return False
+
+
+HOROVOD_OPTIMIZER = "horovod.torch.DistributedOptimizer"
+
+
+def horovod_optimizer_wraps(model: ModuleModel, expr: Optional[Expr], at: Call) -> list[Call]:
+    """The `hvd.DistributedOptimizer(...)` calls the optimizer `expr` may be, seen from `at`."""
+    return [c for c in model.origin_calls(expr, at.order, at.function) if c.name == HOROVOD_OPTIMIZER]
+
+
+def synchronized_before(model: ModuleModel, optimizer: str, at: Call) -> Optional[Call]:
+    """An `optimizer.synchronize()` (Horovod: wait for the gradient all-reduces to finish) that runs
+    before `at` in the same function, in the same iteration of the loops around `at`, under no
+    condition `at` does not share."""
+    for call in model.method_calls("synchronize"):
+        if call.function is not at.function or call.order > at.order or dotted_name(call.receiver) != optimizer:
+            continue
+        if any(not contains(loop, call.order) for loop in at.loops):
+            continue
+        if all(guard in at.ctx.guards for guard in call.ctx.guards):
+            return call
+    return None
+
+
+def under_skip_synchronize(optimizer: str, at: Call) -> bool:
+    """`at` runs inside `with optimizer.skip_synchronize():`, where Horovod's `step()` does not
+    synchronize (all-reduce) a second time."""
+    for manager in at.ctx.withs:
+        if (
+            isinstance(manager, cst.Call)
+            and isinstance(manager.func, cst.Attribute)
+            and manager.func.attr.value == "skip_synchronize"
+            and dotted_name(manager.func.value) == optimizer
+        ):
             return True
     return False
