@@ -13,6 +13,7 @@
     harness    test-suite detection
     launch     launch evidence: is this one of several processes; what the launcher's environment says
     ranks      who runs this: all ranks / rank 0 / the others / a subset / single-process only
+    launcher_env what a launcher sets in each process's environment, against literals the script writes
     devices    which GPU a value names; what pins a process's device
     summaries  what a function does for its callers, linked across the project's modules
     sharding   data split across ranks: datasets that take their own rank's share, loop items
@@ -27,7 +28,7 @@ from typing import Optional
 
 import libcst as cst
 
-from ddpdoctor.lint.analysis import callorder, conditions, devices, harness, launch, lazy, ranks, reads, sharding, stepping, summaries, syntax
+from ddpdoctor.lint.analysis import callorder, conditions, devices, harness, launch, launcher_env, lazy, ranks, reads, sharding, stepping, summaries, syntax
 from ddpdoctor.lint.analysis.imports import ProjectSources
 from ddpdoctor.lint.analysis.model import (
     MAX_DEPTH,
@@ -47,7 +48,7 @@ from ddpdoctor.lint.analysis.syntax import UNKNOWN, Expr, contains, dotted_name,
 __all__ = [
     "MAX_DEPTH", "UNKNOWN", "Assignment", "Call", "Context", "Expr", "Function", "Guard", "Loop",
     "ModuleModel", "ProjectSources", "Route", "Runs", "SubscriptStore", "WhoRuns", "build_analysis",
-    "callorder", "conditions", "contains", "decided_by_guards", "devices", "dotted_name", "harness", "launch", "lazy", "names_in", "ranks",
+    "callorder", "conditions", "contains", "decided_by_guards", "devices", "dotted_name", "harness", "launch", "launcher_env", "lazy", "names_in", "ranks",
     "reaches_several_processes", "reads", "route_runs", "sharding", "stepping", "summaries", "syntax", "walk", "who_runs",
 ]
 
