@@ -4,6 +4,7 @@
     imports    the project's own modules: import resolution, lazy parsing (ProjectSources)
     model      one module: bindings, values per path, loops, calls, functions, guards, and the
                link from a call to a function of another project module (`linked_function`)
+    collectives which calls every rank of a group must enter
     conditions whether two branch conditions are one test, opposite tests or unrelated, also across
                a call (the callee's test of a parameter read as the caller's test of the argument)
     callorder  in which order statements run across a class's methods and the module's helpers
@@ -28,7 +29,7 @@ from typing import Optional
 
 import libcst as cst
 
-from ddpdoctor.lint.analysis import callorder, conditions, devices, harness, launch, launcher_env, lazy, ranks, reads, sharding, stepping, summaries, syntax
+from ddpdoctor.lint.analysis import callorder, collectives, conditions, devices, harness, launch, launcher_env, lazy, ranks, reads, sharding, stepping, summaries, syntax
 from ddpdoctor.lint.analysis.imports import ProjectSources
 from ddpdoctor.lint.analysis.model import (
     MAX_DEPTH,
@@ -48,7 +49,7 @@ from ddpdoctor.lint.analysis.syntax import UNKNOWN, Expr, contains, dotted_name,
 __all__ = [
     "MAX_DEPTH", "UNKNOWN", "Assignment", "Call", "Context", "Expr", "Function", "Guard", "Loop",
     "ModuleModel", "ProjectSources", "Route", "Runs", "SubscriptStore", "WhoRuns", "build_analysis",
-    "callorder", "conditions", "contains", "decided_by_guards", "devices", "dotted_name", "harness", "launch", "launcher_env", "lazy", "names_in", "ranks",
+    "callorder", "collectives", "conditions", "contains", "decided_by_guards", "devices", "dotted_name", "harness", "launch", "launcher_env", "lazy", "names_in", "ranks",
     "reaches_several_processes", "reads", "route_runs", "sharding", "stepping", "summaries", "syntax", "walk", "who_runs",
 ]
 
