@@ -17,6 +17,7 @@
     launcher_env what a launcher sets in each process's environment, against literals the script writes
     devices    which GPU a value names; what pins a process's device
     summaries  what a function does for its callers, linked across the project's modules
+    divergence where ranks part ways: exits taken on some ranks while the others go on into a collective
     sharding   data split across ranks: datasets that take their own rank's share, loop items
 
 Nothing below imports anything above (tests/test_analysis_layering.py enforces it). Rules import
@@ -29,7 +30,7 @@ from typing import Optional
 
 import libcst as cst
 
-from ddpdoctor.lint.analysis import callorder, collectives, conditions, devices, harness, launch, launcher_env, lazy, ranks, reads, sharding, stepping, summaries, syntax
+from ddpdoctor.lint.analysis import callorder, collectives, conditions, devices, divergence, harness, launch, launcher_env, lazy, ranks, reads, sharding, stepping, summaries, syntax
 from ddpdoctor.lint.analysis.imports import ProjectSources
 from ddpdoctor.lint.analysis.model import (
     MAX_DEPTH,
@@ -49,7 +50,7 @@ from ddpdoctor.lint.analysis.syntax import UNKNOWN, Expr, contains, dotted_name,
 __all__ = [
     "MAX_DEPTH", "UNKNOWN", "Assignment", "Call", "Context", "Expr", "Function", "Guard", "Loop",
     "ModuleModel", "ProjectSources", "Route", "Runs", "SubscriptStore", "WhoRuns", "build_analysis",
-    "callorder", "collectives", "conditions", "contains", "decided_by_guards", "devices", "dotted_name", "harness", "launch", "launcher_env", "lazy", "names_in", "ranks",
+    "callorder", "collectives", "conditions", "contains", "decided_by_guards", "devices", "divergence", "dotted_name", "harness", "launch", "launcher_env", "lazy", "names_in", "ranks",
     "reaches_several_processes", "reads", "route_runs", "sharding", "stepping", "summaries", "syntax", "walk", "who_runs",
 ]
 

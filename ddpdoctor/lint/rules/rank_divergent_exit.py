@@ -1,0 +1,80 @@
+"""DDP014 rank-divergent-exit: a `break` / `continue` / `return` / `sys.exit()` taken on some ranks
+only, while the others go on into a collective and wait there until the timeout."""
+
+from __future__ import annotations
+
+from ddpdoctor.lint.analysis import Runs, divergence, launch
+from ddpdoctor.lint.rules.base import Rule
+
+# What makes a backward a collective: DDP all-reduces in it, Horovod's optimizer starts its all-reduces.
+SYNCHRONISING_WRAPS = (
+    "torch.nn.parallel.DistributedDataParallel", "torch.distributed.fsdp.FullyShardedDataParallel",
+    "horovod.torch.DistributedOptimizer",
+)
+WHO = {Runs.RANK0: "only on the main process", Runs.NONZERO: "only on the non-main ranks", Runs.SUBSET: "only on some ranks"}
+SHOWN = {"break": "break", "continue": "continue", "return": "return", "exit": "exit"}
+
+
+class RankDivergentExit(Rule):
+    """
+    Valid:
+        for epoch in range(epochs):
+            for x in loader:
+                optimizer.zero_grad()
+                loss = model(x).mean()
+                loss.backward()
+                optimizer.step()
+            if epoch >= max_epochs:
+                break
+    Invalid:
+        model = DDP(model, device_ids=[local_rank])
+        for x in loader:
+            optimizer.zero_grad()
+            loss = model(x).mean()
+            if not torch.isfinite(loss):
+                continue
+            loss.backward()
+            optimizer.step()
+    """
+
+    code = "DDP014"
+    checks_test_suites = False
+    trigger_words = ("break", "continue", "return", "exit")
+    context_words = launch.LAUNCH_WORDS
+
+    def check(self) -> None:
+        if launch.multiprocess_evidence(self.model) is None:
+            return
+        synchronising = bool(self.model.calls_named(*SYNCHRONISING_WRAPS))
+        for exit in divergence.exits(self.model):
+            if not exit.loops:
+                continue
+            after = divergence.reaches_collective_after(self.model, exit)
+            if after is None or (after.attr == "backward" and not synchronising):
+                continue
+            why = divergence.divergent_condition(self.model, exit)
+            if why is None:
+                continue
+            next_step = (
+                f"the backward at line {self.line(after.node)} (DDP all-reduces the gradients in it)"
+                if after.attr == "backward" else f"{after.dotted}() at line {self.line(after.node)}"
+            )
+            what = SHOWN[exit.kind]
+            if why.runs is not None:
+                self.report(
+                    exit.node,
+                    f"This {what} is taken {WHO[why.runs]} (condition at line {self.line(why.guard.test)}), while "
+                    f"the other ranks go on to {next_step}: they wait there for a rank that has left, until the "
+                    f"collective timeout. Decide on every rank: compute the condition on all ranks, or broadcast "
+                    f"rank 0's decision (`dist.broadcast(flag, src=0)`) and exit on all of them.",
+                )
+            else:
+                shown = self.model.code_of(why.measured) if why.measured is not None else "a value"
+                self.report(
+                    exit.node,
+                    f"This {what} depends on `{shown}` (condition at line {self.line(why.guard.test)}), a value each "
+                    f"rank measures on its own data and that is not reduced across ranks: ranks that do not take "
+                    f"it go on to {next_step} and wait there for the ones that left, until the collective timeout. "
+                    f"All-reduce the value first (`dist.all_reduce(t, op=dist.ReduceOp.AVG)` or MAX for a "
+                    f"non-finite check) so that every rank decides the same way.",
+                )
