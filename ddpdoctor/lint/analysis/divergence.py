@@ -255,11 +255,13 @@ def reaches_collective_after(model: ModuleModel, exit: Exit) -> Optional[Call]:
     """What the ranks that do not take `exit` run next that needs every rank: a backward (DDP
     all-reduces in it) or a collective, in the loop the exit leaves or in a helper called there
     (for `break`: its next iterations; for `continue`: the rest of this iteration; for `return` /
-    a process exit: any loop around it in its function). None when nothing collective follows, e.g.
-    a `return` from a helper that all ranks leave the same way."""
+    a process exit: any loop around it in its function); an explicit collective rather than a
+    backward when there are both. None when nothing collective follows, e.g. a `return` from a
+    helper that all ranks leave the same way."""
     if not exit.loops:
         return None
     loops = (exit.loops[-1],) if exit.kind in ("break", "continue") else exit.loops
+    backward: Optional[Call] = None
     for loop in loops:
         for call in model.calls:
             if call.function is not exit.function or not contains(loop, call.order):
@@ -267,9 +269,10 @@ def reaches_collective_after(model: ModuleModel, exit: Exit) -> Optional[Call]:
             if exit.kind == "continue" and call.order < exit.order:
                 continue
             found = _collective_through(model, call, 0)
-            if found is not None:
-                return found
-    return None
+            if found is not None and found.attr != "backward":
+                return found  # an explicit collective: whatever the model is wrapped in
+            backward = backward or found
+    return backward
 
 
 def _collective_through(model: ModuleModel, call: Call, depth: int) -> Optional[Call]:

@@ -14,6 +14,7 @@ from typing import Optional, Union
 
 import libcst as cst
 
+from ddpdoctor.lint.analysis.conditions import exclusive
 from ddpdoctor.lint.analysis.model import Call, Function, Guard, Loop, ModuleModel
 from ddpdoctor.lint.analysis.syntax import Expr, contains, dotted_name, modulo_divisors, names_in
 
@@ -55,11 +56,12 @@ def is_accumulation_test(model: ModuleModel, guard: Guard, at: Call) -> bool:
 def conditional_step(model: ModuleModel, backward: Call, loop: Union[Loop, Function]) -> tuple[Optional[Call], Optional[Guard]]:
     """An optimizer step in the same iteration of `loop` as `backward` that runs only under an
     accumulation condition (`(i + 1) % accum_steps == 0`) which does not also guard the backward;
-    with that condition."""
+    with that condition. A step in the other branch of the backward's `if accum_steps > 1:` never
+    runs in the same iteration, and does not count."""
     for call in model.method_calls("step"):
         if call.function is not backward.function or not contains(loop, call.order):
             continue
-        if stepped_optimizer(call) is None:
+        if stepped_optimizer(call) is None or exclusive(model, call, backward):
             continue
         for guard in call.ctx.guards:
             if guard.order < loop.order or guard in backward.ctx.guards:

@@ -46,6 +46,8 @@ class RankDivergentExit(Rule):
         if launch.multiprocess_evidence(self.model) is None:
             return
         synchronising = bool(self.model.calls_named(*SYNCHRONISING_WRAPS))
+        if synchronising:
+            self.check_project_helpers()
         for exit in divergence.exits(self.model):
             if not exit.loops:
                 continue
@@ -78,3 +80,43 @@ class RankDivergentExit(Rule):
                     f"All-reduce the value first (`dist.all_reduce(t, op=dist.ReduceOp.AVG)` or MAX for a "
                     f"non-finite check) so that every rank decides the same way.",
                 )
+
+    def check_project_helpers(self) -> None:
+        """A DDP-wrapped model handed to another project module's training function
+        (`train_one_epoch(args, model=ddp_model, ...)`) whose loop leaves on some ranks only before
+        the backward: reported at the call, where the wrap is known (the helper alone cannot tell
+        that its backward is a collective)."""
+        for call in self.model.calls:
+            if not self.model.may_link(call):
+                continue
+            wrapped = any(
+                o.name in SYNCHRONISING_WRAPS
+                for a in call.args for o in self.model.origin_calls(a.value, call.order, call.function)
+            )
+            if not wrapped:
+                continue
+            linked = self.model.linked_function(call)
+            if linked is None:
+                continue
+            other, function = linked
+            for exit in divergence.exits(other):
+                if exit.function is not function or not exit.loops:
+                    continue
+                after = divergence.reaches_collective_after(other, exit)
+                why = divergence.divergent_condition(other, exit) if after is not None else None
+                if after is None or why is None:
+                    continue
+                reason = (
+                    WHO[why.runs] if why.runs is not None
+                    else f"when `{other.code_of(why.measured or why.guard.test)}` holds (a value each rank measures on "
+                    f"its own data and does not reduce)"
+                )
+                self.report(
+                    call.node,
+                    f"{call.dotted}() runs a DDP-wrapped model through a loop whose {SHOWN[exit.kind]} at "
+                    f"{other.shown_path} line {other.line_of(exit.node)} is taken {reason}, while the other ranks go "
+                    f"on to the backward or collective at line {other.line_of(after.node)} and wait there until the "
+                    f"collective timeout. Make every rank take the same decision (all-reduce the value, or "
+                    f"broadcast rank 0's decision) before leaving.",
+                )
+                break
