@@ -39,7 +39,8 @@ class RankDivergentExit(Rule):
 
     code = "DDP014"
     checks_test_suites = False
-    trigger_words = ("break", "continue", "return", "exit")
+    # An exit in this file, or a wrapped model handed to another module's loop.
+    trigger_words = ("break", "continue", "return", "exit", "DataParallel", "DistributedOptimizer")
     context_words = launch.LAUNCH_WORDS
 
     def check(self) -> None:
