@@ -152,3 +152,25 @@ def test_a_synchronize_in_the_previous_iteration_does_not_count() -> None:
         """
     )
     assert stepping.synchronized_before(model, "opt", _only(model, "step", "scaler")) is None
+
+
+def test_a_helper_that_steps_only_when_due_names_the_callers_optimizer() -> None:
+    model = _model(
+        """
+        def due(opt, i, every):
+            if (i + 1) % every == 0:
+                opt.step()
+        def always(opt):
+            opt.step()
+        for i, x in enumerate(data):
+            optimizer.zero_grad()
+            loss(x).backward()
+            due(optimizer, i, 4)
+            always(other)
+        """
+    )
+    (backward,) = model.method_calls("backward")
+    found = stepping.helper_conditional_step(model, backward, model.loops[0])
+    assert found is not None
+    call, step, guard, optimizer = found
+    assert (call.dotted, step.dotted, model.line_of(guard.test), optimizer) == ("due", "opt.step", 3, "optimizer")

@@ -154,3 +154,26 @@ def under_skip_synchronize(optimizer: str, at: Call) -> bool:
         ):
             return True
     return False
+
+
+def helper_conditional_step(model: ModuleModel, backward: Call, loop: Union[Loop, Function]) -> Optional[tuple[Call, Call, Guard, str]]:
+    """A call in the same iteration of `loop` as `backward` to a helper of this module that steps
+    an optimizer only under an accumulation condition of its own (`amp.step_if_due(optimizer, i)`
+    whose body runs `scaler.step(optimizer)` under `if i % self.accumulate == 0:`): the call, the
+    step in the helper, its condition, and the optimizer as the caller names it."""
+    for call in model.calls:
+        if call.function is not backward.function or not contains(loop, call.order) or exclusive(model, call, backward):
+            continue
+        for helper in model.resolve_local_function(call):
+            for inner in helper.calls:
+                stepped = stepped_optimizer(inner)
+                if stepped is None:
+                    continue
+                guard = next((g for g in inner.ctx.guards if g.function is helper and is_accumulation_test(model, g, inner)), None)
+                if guard is None:
+                    continue
+                argument = model.argument_at(call, helper, stepped) if stepped in helper.params else None
+                name = dotted_name(argument) if argument is not None else None
+                if name is not None:
+                    return call, inner, guard, name
+    return None
