@@ -17,7 +17,7 @@ from __future__ import annotations
 import bisect
 import itertools
 from dataclasses import dataclass
-from typing import Optional, Union
+from typing import Optional, Sequence, Union
 
 import libcst as cst
 
@@ -25,6 +25,7 @@ from ddpdoctor.lint.analysis.collectives import collective_name
 from ddpdoctor.lint.analysis.model import Call, Function, Guard, Loop, ModuleModel, mentions
 from ddpdoctor.lint.analysis.ranks import Runs, decided_by_guards
 from ddpdoctor.lint.analysis.syntax import Expr, contains, dotted_name
+from ddpdoctor.lint.analysis.syntax import exits as always_leaves
 
 # Calls that leave the process without an error: the launcher then waits for the other ranks,
 # which wait in their next collective. (An exception or a non-zero exit status makes torchrun /
@@ -107,23 +108,12 @@ class _Walker:
             return
         for statement in statements:
             self.statement(statement, function, guards, loops)
-            if isinstance(statement, cst.If) and statement.orelse is None and self.leaves(statement.body):
+            if isinstance(statement, cst.If) and statement.orelse is None and always_leaves(statement.body):
                 # `if not ok: continue` guards what follows it in the block, negated.
                 after = Guard(statement.test, True, self.order_at(statement.test), function)
                 self.after_exits.add(id(after))
                 self.kept.append(after)
                 guards = (*guards, after)
-
-    @staticmethod
-    def leaves(body: cst.BaseSuite) -> bool:
-        last = body.body[-1] if isinstance(body, cst.IndentedBlock) and body.body else None
-        if isinstance(body, cst.SimpleStatementSuite):
-            smalls = list(body.body)
-        elif isinstance(last, cst.SimpleStatementLine):
-            smalls = list(last.body)
-        else:
-            return False
-        return any(isinstance(s, (cst.Return, cst.Break, cst.Continue, cst.Raise)) for s in smalls)
 
     def statement(
         self, statement: cst.BaseStatement, function: Optional[Function], guards: tuple[Guard, ...],
@@ -157,10 +147,9 @@ class _Walker:
         # Nested functions and classes are walked as functions of their own.
 
     def small_statements(
-        self, smalls: "list[cst.BaseSmallStatement] | tuple[cst.BaseSmallStatement, ...] | object",
-        function: Optional[Function], guards: tuple[Guard, ...], loops: tuple[Loop, ...],
+        self, smalls: Sequence[cst.BaseSmallStatement], function: Optional[Function],
+        guards: tuple[Guard, ...], loops: tuple[Loop, ...],
     ) -> None:
-        assert isinstance(smalls, (list, tuple))
         for small in smalls:
             kind: Optional[str] = None
             node: cst.CSTNode = small
