@@ -174,3 +174,23 @@ def test_a_helper_that_steps_only_when_due_names_the_callers_optimizer() -> None
     assert found is not None
     call, step, guard, optimizer = found
     assert (call.dotted, step.dotted, model.line_of(guard.test), optimizer) == ("due", "opt.step", 3, "optimizer")
+
+
+def test_a_helper_that_synchronizes_the_optimizer_it_is_handed_counts() -> None:
+    model = _model(
+        """
+        def wait(o):
+            o.synchronize()
+        def maybe(o, flag):
+            if flag:
+                o.synchronize()
+        for x in data:
+            wait(opt)
+            maybe(other, True)
+            scaler.step(opt)
+            scaler.step(other)
+        """
+    )
+    steps = [c for c in model.method_calls("step")]
+    assert stepping.synchronized_before(model, "opt", steps[0]) is not None
+    assert stepping.synchronized_before(model, "other", steps[1]) is None  # only under a condition of its own

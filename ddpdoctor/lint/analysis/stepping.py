@@ -131,15 +131,36 @@ def horovod_optimizer_wraps(model: ModuleModel, expr: Optional[Expr], at: Call) 
 def synchronized_before(model: ModuleModel, optimizer: str, at: Call) -> Optional[Call]:
     """An `optimizer.synchronize()` (Horovod: wait for the gradient all-reduces to finish) that runs
     before `at` in the same function, in the same iteration of the loops around `at`, under no
-    condition `at` does not share."""
-    for call in model.method_calls("synchronize"):
-        if call.function is not at.function or call.order > at.order or dotted_name(call.receiver) != optimizer:
+    condition `at` does not share; or a call there of a helper that synchronizes the optimizer it
+    is handed."""
+    for call in model.calls:
+        if call.function is not at.function or call.order > at.order:
             continue
         if any(not contains(loop, call.order) for loop in at.loops):
             continue
-        if all(guard in at.ctx.guards for guard in call.ctx.guards):
+        if not all(guard in at.ctx.guards for guard in call.ctx.guards):
+            continue
+        if call.attr == "synchronize" and dotted_name(call.receiver) == optimizer:
             return call
+        if _synchronizes_argument(model, call, optimizer):
+            return call  # `finish_allreduce(optimizer)`: a helper of this module that synchronizes it
     return None
+
+
+def _synchronizes_argument(model: ModuleModel, call: Call, optimizer: str) -> bool:
+    """`call` hands `optimizer` to a function of this module that calls `.synchronize()` on the
+    parameter it arrives as, under no condition of its own."""
+    for helper in model.resolve_local_function(call):
+        for inner in helper.calls:
+            if inner.attr != "synchronize" or inner.ctx.guards:
+                continue
+            param = dotted_name(inner.receiver)
+            if param is None or param not in helper.params:
+                continue
+            argument = model.argument_at(call, helper, param)
+            if argument is not None and dotted_name(argument) == optimizer:
+                return True
+    return False
 
 
 def under_skip_synchronize(optimizer: str, at: Call) -> bool:

@@ -50,6 +50,8 @@ class HorovodAmpWithoutSynchronize(Rule):
             if synchronized is None:
                 if call.attr == "step" and self._unscaled_before(call, optimizer):
                     continue  # reported at that unscale_
+                if stepping.under_skip_synchronize(optimizer, call):
+                    continue  # whoever wrote skip_synchronize() synchronized somewhere we do not see
                 what = "unscales" if call.attr == "unscale_" else "unscales, checks for inf/NaN and steps"
                 self.report(
                     call.node,
