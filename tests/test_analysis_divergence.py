@@ -12,7 +12,7 @@ import pytest
 from ddpdoctor.lint.analysis import ModuleModel, Runs, build_analysis, divergence
 
 HEAD = """\
-import sys, time
+import os, sys, time
 import torch
 import torch.distributed as dist
 """
@@ -38,11 +38,19 @@ def test_exits_are_found_with_their_loops_and_only_clean_process_exits_count() -
                 if x:
                     sys.exit(0)
                 sys.exit(2)
+                os._exit(3)
+                os._exit(0)
+                try:
+                    pass
+                except KeyError:
+                    continue
                 raise ValueError(x)
             return xs
         """
     )
-    assert _exit_lines(model) == [(9, "break", 2), (10, "continue", 2), (12, "exit", 1), (15, "return", 0)]
+    assert _exit_lines(model) == [
+        (9, "break", 2), (10, "continue", 2), (12, "exit", 1), (15, "exit", 1), (19, "continue", 1), (21, "return", 0),
+    ]
 
 
 def _divergence(body: str, line: int) -> Optional[divergence.Divergence]:

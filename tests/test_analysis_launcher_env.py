@@ -32,6 +32,7 @@ def _world(model: ModuleModel) -> Optional[int]:
         ('dist.init_process_group("nccl")', None),
         ('if "RANK" in os.environ:\n    pass\nelse:\n    dist.init_process_group("gloo", world_size=2)', None),
         ('if os.environ.get("WORLD_SIZE"):\n    n = 1\nelse:\n    n = 2\ndist.init_process_group("gloo", world_size=n)', None),
+        ('if "OMPI_COMM_WORLD_SIZE" in os.environ:\n    pass\nelse:\n    dist.init_process_group("gloo", world_size=2)', None),
     ],
 )
 def test_literal_world_size(body: str, size: Optional[int]) -> None:

@@ -30,6 +30,7 @@ def _only(model: ModuleModel, attr: str, receiver: str) -> Call:
         ("lr_optimizer_scheduler.step()", None),
         ("env.step(action)", None),
         ("scaler.step(model)", None),
+        ("trainer.step(optimizer)", None),  # not a scaler: its argument is not what it steps
     ],
 )
 def test_stepped_optimizer(code: str, stepped: object) -> None:
@@ -194,3 +195,32 @@ def test_a_helper_that_synchronizes_the_optimizer_it_is_handed_counts() -> None:
     steps = [c for c in model.method_calls("step")]
     assert stepping.synchronized_before(model, "opt", steps[0]) is not None
     assert stepping.synchronized_before(model, "other", steps[1]) is None  # only under a condition of its own
+
+
+def test_a_conditional_step_is_found_past_steps_of_other_functions() -> None:
+    model = _model(
+        """
+        def warmup(opt):
+            opt.step()
+        for i, x in enumerate(data):
+            model(x).sum().backward()
+            if i % 4 == 0:
+                optimizer.step()
+        """
+    )
+    (backward,) = model.method_calls("backward")
+    step, guard = stepping.conditional_step(model, backward, model.loops[0])
+    assert step is not None and step.dotted == "optimizer.step"
+
+
+def test_another_optimizer_under_a_plain_condition_still_makes_a_schedule() -> None:
+    model = _model(
+        """
+        for i, x in enumerate(data):
+            if ready:
+                critic_opt.step()
+            if i % 5 == 0:
+                actor_opt.step()
+        """
+    )
+    assert stepping.alternating_schedule(model, _only(model, "step", "actor_opt"), model.loops[0])
