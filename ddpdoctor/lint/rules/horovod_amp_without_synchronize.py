@@ -6,6 +6,9 @@ from __future__ import annotations
 
 from typing import Optional
 
+import libcst as cst
+
+from ddpdoctor.findings import Edit, Fix
 from ddpdoctor.lint.analysis import Call, conditions, contains, dotted_name, stepping
 from ddpdoctor.lint.rules.base import Rule
 
@@ -53,6 +56,7 @@ class HorovodAmpWithoutSynchronize(Rule):
                 if stepping.under_skip_synchronize(optimizer, call):
                     continue  # whoever wrote skip_synchronize() synchronized somewhere we do not see
                 what = "unscales" if call.attr == "unscale_" else "unscales, checks for inf/NaN and steps"
+                fix = self.fix(call, optimizer, synchronize=True) if call.attr == "step" else None
                 self.report(
                     call.node,
                     f"{call.dotted}({optimizer}) {what} the gradients of a Horovod optimizer ({wrapped}) "
@@ -60,6 +64,7 @@ class HorovodAmpWithoutSynchronize(Rule):
                     f"gradients, so the ranks can skip different steps and drift apart. Call "
                     f"`{optimizer}.synchronize()` before `scaler.unscale_({optimizer})`, and step under "
                     f"`with {optimizer}.skip_synchronize(): scaler.step({optimizer})`.",
+                    fix=fix,
                 )
             elif call.attr == "step" and not stepping.under_skip_synchronize(optimizer, call):
                 self.report(
@@ -68,7 +73,29 @@ class HorovodAmpWithoutSynchronize(Rule):
                     f"synchronized at line {self.line(synchronized.node)}: without `skip_synchronize()` its "
                     f"step() all-reduces the gradients a second time. Step under "
                     f"`with {optimizer}.skip_synchronize():`.",
+                    fix=self.fix(call, optimizer, synchronize=False),
                 )
+
+    def fix(self, step: Call, optimizer: str, *, synchronize: bool) -> Optional[Fix]:
+        """Horovod's documented order around a `scaler.step(optimizer)` that is a statement of its own
+        line: `optimizer.synchronize()` before it (when nothing synchronized), and the step under
+        `with optimizer.skip_synchronize():`. Nothing else changes, so the edit is certain."""
+        lines = self.model.own_lines(step)
+        statement = step.statement
+        if lines is None or not isinstance(statement, cst.SimpleStatementLine) or len(statement.body) != 1:
+            return None
+        if statement.trailing_whitespace.comment is not None:
+            return None  # the rewritten lines would lose it
+        small = statement.body[0]
+        if not isinstance(small, cst.Expr) or small.value is not step.node:
+            return None
+        first, last, indent = lines
+        if first != last:
+            return None
+        text = f"{indent}{optimizer}.synchronize()\n" if synchronize else ""
+        text += f"{indent}with {optimizer}.skip_synchronize():\n{indent}    {self.model.code_of(step.node)}\n"
+        what = "synchronize first and step under skip_synchronize()" if synchronize else "step under skip_synchronize()"
+        return Fix(what, applicable=True, edits=(Edit(first, 1, last + 1, 1, text),))
 
     def _horovod_optimizer(self, call: Call) -> Optional[tuple[str, Call]]:
         """The optimizer (as written) a GradScaler's `unscale_(opt)` / `step(opt)` call is given, when
