@@ -130,3 +130,24 @@ def test_what_the_remaining_ranks_run_next() -> None:
     assert divergence.reaches_collective_after(model, first) is None  # the all_reduce came before
     found = divergence.reaches_collective_after(model, second)
     assert found is not None and found.name == "torch.distributed.all_reduce"
+
+
+def test_a_return_outside_loops_meets_what_the_rest_of_its_function_runs() -> None:
+    model = _model(
+        """
+        def step(model, x):
+            loss = model(x).mean()
+            if not torch.isfinite(loss):
+                return
+            loss.backward()
+        def log(loss):
+            if not torch.isfinite(loss):
+                return
+            print(loss)
+        """
+    )
+    before_backward, before_print = divergence.exits(model)
+    found = divergence.reaches_collective_after(model, before_backward)
+    assert found is not None and found.attr == "backward"
+    assert divergence.divergent_condition(model, before_backward) is not None
+    assert divergence.reaches_collective_after(model, before_print) is None

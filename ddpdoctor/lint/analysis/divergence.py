@@ -248,7 +248,7 @@ def reaches_collective_after(model: ModuleModel, exit: Exit) -> Optional[Call]:
     backward when there are both. None when nothing collective follows, e.g. a `return` from a
     helper that all ranks leave the same way."""
     if not exit.loops:
-        return None
+        return _after_in_function(model, exit) if exit.kind in ("return", "exit") else None
     loops = (exit.loops[-1],) if exit.kind in ("break", "continue") else exit.loops
     backward: Optional[Call] = None
     for loop in loops:
@@ -261,6 +261,21 @@ def reaches_collective_after(model: ModuleModel, exit: Exit) -> Optional[Call]:
             if found is not None and found.attr != "backward":
                 return found  # an explicit collective: whatever the model is wrapped in
             backward = backward or found
+    return backward
+
+
+def _after_in_function(model: ModuleModel, exit: Exit) -> Optional[Call]:
+    """A `return` (or process exit) outside any loop of its function: what the rest of the function
+    runs on the ranks that do not leave (a per-batch `train_step` that returns before its backward
+    on a NaN loss)."""
+    backward: Optional[Call] = None
+    for call in model.calls:
+        if call.function is not exit.function or call.order < exit.order:
+            continue
+        found = _collective_through(model, call, 0)
+        if found is not None and found.attr != "backward":
+            return found
+        backward = backward or found
     return backward
 
 
@@ -290,15 +305,16 @@ class Divergence:
 
 
 def divergent_condition(model: ModuleModel, exit: Exit) -> Optional[Divergence]:
-    """The condition inside the loop an exit leaves that may hold on some ranks and not others;
-    None when there is none, or when the exit only runs in a single-process run."""
-    if not exit.loops:
-        return None
+    """The condition inside the loop an exit leaves (or, outside loops, in its function) that may
+    hold on some ranks and not others; None when there is none, or when the exit only runs in a
+    single-process run."""
     decided = decided_by_guards(model, exit.guards)
     if decided is not None and decided.runs == Runs.SINGLE:
         return None
-    left = exit.loops[-1] if exit.kind in ("break", "continue") else exit.loops[0]
-    inside = [guard for guard in exit.guards if guard.order > left.order and id(guard) not in exit.after_exits]
+    start = -1
+    if exit.loops:
+        start = (exit.loops[-1] if exit.kind in ("break", "continue") else exit.loops[0]).order
+    inside = [guard for guard in exit.guards if guard.order > start and id(guard) not in exit.after_exits]
     if decided is not None and decided.some_ranks and decided.guard in inside:
         return Divergence(decided.guard, decided.runs, None)
     for guard in reversed(inside):

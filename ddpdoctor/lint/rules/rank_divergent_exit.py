@@ -50,14 +50,14 @@ class RankDivergentExit(Rule):
         if synchronising:
             self.check_project_helpers()
         for exit in divergence.exits(self.model):
-            if not exit.loops:
-                continue
             after = divergence.reaches_collective_after(self.model, exit)
             if after is None or (after.attr == "backward" and not synchronising):
                 continue
             why = divergence.divergent_condition(self.model, exit)
             if why is None:
                 continue
+            if not exit.loops and why.runs is not None and after.attr != "backward":
+                continue  # `if rank != 0: return` before a collective: DDP009 reports that collective
             next_step = (
                 f"the backward at line {self.line(after.node)} (DDP all-reduces the gradients in it)"
                 if after.attr == "backward" else f"{after.dotted}() at line {self.line(after.node)}"
@@ -101,12 +101,14 @@ class RankDivergentExit(Rule):
                 continue
             other, function = linked
             for exit in divergence.exits(other):
-                if exit.function is not function or not exit.loops:
+                if exit.function is not function:
                     continue
                 after = divergence.reaches_collective_after(other, exit)
                 why = divergence.divergent_condition(other, exit) if after is not None else None
                 if after is None or why is None:
                     continue
+                if not exit.loops and why.runs is not None and after.attr != "backward":
+                    continue  # DDP009's, at the collective
                 reason = (
                     WHO[why.runs] if why.runs is not None
                     else f"when `{other.code_of(why.measured or why.guard.test)}` holds (a value each rank measures on "
@@ -114,7 +116,7 @@ class RankDivergentExit(Rule):
                 )
                 self.report(
                     call.node,
-                    f"{call.dotted}() runs a DDP-wrapped model through a loop whose {SHOWN[exit.kind]} at "
+                    f"{call.dotted}() runs a DDP-wrapped model through code whose {SHOWN[exit.kind]} at "
                     f"{other.shown_path} line {other.line_of(exit.node)} is taken {reason}, while the other ranks go "
                     f"on to the backward or collective at line {other.line_of(after.node)} and wait there until the "
                     f"collective timeout. Make every rank take the same decision (all-reduce the value, or "
