@@ -72,7 +72,8 @@ def _lazy_in_call(model: ModuleModel, call: Call, depth: int) -> list[tuple[Modu
         return out
     if name in TRANSFORMS:
         return _lazy_in_value(model, call.arg(0, "module"), call.order, call.function, depth + 1)
-    if name is None and call.dotted is not None:
+    if call.dotted is not None and not (name or "").startswith("torch."):
+        # A class of this module (`Net()`), or one imported from the project (`models.Net`).
         return _lazy_in_class(model, call.dotted, depth)
     return []
 
@@ -103,7 +104,7 @@ def _lazy_in_class(model: ModuleModel, written: str, depth: int) -> list[tuple[M
             continue
         if is_lazy_layer(call.name):
             out.append((owner, call))
-        elif call.name is None and call.dotted is not None and call.dotted != written and depth < MAX_DEPTH:
+        elif call.dotted is not None and not (call.name or "").startswith("torch.") and call.dotted != written and depth < MAX_DEPTH:
             out.extend(_lazy_in_class(owner, call.dotted, depth + 1))
     return out
 

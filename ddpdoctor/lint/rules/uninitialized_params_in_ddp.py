@@ -21,7 +21,8 @@ class UninitializedParamsInDDP(Rule):
     """
 
     code = "DDP018"
-    trigger_words = ("Lazy",)
+    # The wrap is in this file; the lazy layer may be in another module of the project.
+    trigger_words = ("DistributedDataParallel",)
 
     def check(self) -> None:
         for wrap in self.model.calls_named(DDP):
