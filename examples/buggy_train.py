@@ -13,7 +13,7 @@ from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 
 
 def build_model() -> nn.Module:
-    return nn.Sequential(nn.Conv2d(3, 16, 3), nn.BatchNorm2d(16), nn.ReLU(), nn.Flatten(), nn.LazyLinear(10))
+    return nn.Sequential(nn.Conv2d(3, 16, 3), nn.BatchNorm2d(16), nn.ReLU(), nn.Flatten(), nn.Linear(16 * 30 * 30, 10))
 
 
 def main() -> None:

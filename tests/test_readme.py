@@ -40,3 +40,18 @@ def test_readme_lists_every_rule() -> None:
     for code, info in load_catalog().items():
         assert f"`{code}`" in README, f"README does not list {code}"
         assert info.name in README, f"README does not name {code} {info.name}"
+
+
+def test_the_example_shows_exactly_the_bugs_the_readme_and_its_comments_name() -> None:
+    """`ddpdoctor lint examples/buggy_train.py` reports what the README's console block shows (same
+    places, same codes) and one finding per `# Bug:` comment of the example: no third bug hides
+    in it (it once built its head with nn.LazyLinear, which DDP refuses: DDP018)."""
+    from ddpdoctor.config import Settings
+    from ddpdoctor.lint.engine import lint_paths
+
+    example = ROOT / "examples" / "buggy_train.py"
+    shown = re.findall(r"^examples/buggy_train\.py:(\d+):(\d+): ([A-Z]+\d{3}) ", README, re.MULTILINE)
+    run, _ = lint_paths([str(example)], Settings(), jobs=1, use_cache=False)
+    found = [(str(f.line), str(f.column), f.code) for f in run.findings]
+    assert found == shown
+    assert len(found) == example.read_text(encoding="utf-8").count("# Bug:")

@@ -4,15 +4,20 @@
     imports    the project's own modules: import resolution, lazy parsing (ProjectSources)
     model      one module: bindings, values per path, loops, calls, functions, guards, and the
                link from a call to a function of another project module (`linked_function`)
+    collectives which calls every rank of a group must enter
     conditions whether two branch conditions are one test, opposite tests or unrelated, also across
                a call (the callee's test of a parameter read as the caller's test of the argument)
     callorder  in which order statements run across a class's methods and the module's helpers
+    lazy       nn.Lazy* layers a module value holds, and whether a forward materialised them
+    stepping   which call steps an optimizer, under which accumulation condition, what clears its gradients
     reads      where the value a call builds is read, through the one name it is bound to
     harness    test-suite detection
     launch     launch evidence: is this one of several processes; what the launcher's environment says
     ranks      who runs this: all ranks / rank 0 / the others / a subset / single-process only
+    launcher_env what a launcher sets in each process's environment, against literals the script writes
     devices    which GPU a value names; what pins a process's device
     summaries  what a function does for its callers, linked across the project's modules
+    divergence where ranks part ways: exits taken on some ranks while the others go on into a collective
     sharding   data split across ranks: datasets that take their own rank's share, loop items
 
 Nothing below imports anything above (tests/test_analysis_layering.py enforces it). Rules import
@@ -25,7 +30,7 @@ from typing import Optional
 
 import libcst as cst
 
-from ddpdoctor.lint.analysis import callorder, conditions, devices, harness, launch, ranks, reads, sharding, summaries, syntax
+from ddpdoctor.lint.analysis import callorder, collectives, conditions, devices, divergence, harness, launch, launcher_env, lazy, ranks, reads, sharding, stepping, summaries, syntax
 from ddpdoctor.lint.analysis.imports import ProjectSources
 from ddpdoctor.lint.analysis.model import (
     MAX_DEPTH,
@@ -45,8 +50,8 @@ from ddpdoctor.lint.analysis.syntax import UNKNOWN, Expr, contains, dotted_name,
 __all__ = [
     "MAX_DEPTH", "UNKNOWN", "Assignment", "Call", "Context", "Expr", "Function", "Guard", "Loop",
     "ModuleModel", "ProjectSources", "Route", "Runs", "SubscriptStore", "WhoRuns", "build_analysis",
-    "callorder", "conditions", "contains", "decided_by_guards", "devices", "dotted_name", "harness", "launch", "names_in", "ranks",
-    "reaches_several_processes", "reads", "route_runs", "sharding", "summaries", "syntax", "walk", "who_runs",
+    "callorder", "collectives", "conditions", "contains", "decided_by_guards", "devices", "divergence", "dotted_name", "harness", "launch", "launcher_env", "lazy", "names_in", "ranks",
+    "reaches_several_processes", "reads", "route_runs", "sharding", "stepping", "summaries", "syntax", "walk", "who_runs",
 ]
 
 

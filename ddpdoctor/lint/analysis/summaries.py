@@ -17,6 +17,7 @@ import libcst as cst
 
 from ddpdoctor.lint.analysis.model import Call, Expr, Function, Loop, ModuleModel, mentions
 from ddpdoctor.lint.analysis.ranks import decided_by_guards, rank_kind
+from ddpdoctor.lint.analysis.stepping import clears_before
 from ddpdoctor.lint.analysis.syntax import contains, dotted_name
 
 SAVE = "torch.save"
@@ -203,12 +204,7 @@ def gradients_cleared_before(model: ModuleModel, backward: Call, loop: Union[Loo
     `backward`, before it, under no condition the backward does not share: what earlier iterations'
     backwards left is discarded, so nothing accumulates across iterations, whatever condition the
     optimizer step sits under (a GAN's generator stepped every `n_critic` iterations)."""
-    for call in model.method_calls("zero_grad"):
-        if call.function is not backward.function or not contains(loop, call.order) or call.order > backward.order:
-            continue
-        if all(guard in backward.ctx.guards for guard in call.ctx.guards if guard.order >= loop.order):
-            return True
-    return False
+    return bool(clears_before(model, backward, loop))
 
 
 # Gradient clipping (`torch.nn.utils.clip_grad_norm` is the deprecated spelling without `_`).

@@ -6,7 +6,7 @@ from typing import Optional, Union
 
 import libcst as cst
 
-from ddpdoctor.lint.analysis import Call, Function, Guard, Loop, contains, dotted_name, names_in, summaries, syntax
+from ddpdoctor.lint.analysis import Call, Function, Guard, Loop, dotted_name, stepping, summaries
 from ddpdoctor.lint.rules.base import Rule
 
 DDP = "torch.nn.parallel.DistributedDataParallel"
@@ -75,23 +75,8 @@ class AccumulationWithoutNoSync(Rule):
             return None
         if summaries.gradients_cleared_before(self.model, backward, loop):
             return None
-        step, guard = self._conditional_step(backward, loop)
+        step, guard = stepping.conditional_step(self.model, backward, loop)
         return guard if step is not None else None
-
-    def _conditional_step(self, backward: Call, loop: Union[Loop, Function]) -> tuple[Optional[Call], Optional[Guard]]:
-        """An `optimizer.step()` / `scaler.step(optimizer)` in the same loop iteration that runs only under
-        an accumulation condition (`(i + 1) % accum_steps == 0`) which does not also guard the backward."""
-        for call in self.model.method_calls("step"):
-            if call.function is not backward.function or not contains(loop, call.order):
-                continue
-            if not self._is_optimizer_step(call):
-                continue
-            for guard in call.ctx.guards:
-                if guard.order < loop.order or guard in backward.ctx.guards:
-                    continue
-                if self._is_accumulation_test(guard, call):
-                    return call, guard
-        return None, None
 
     def check_project_helpers(self) -> None:
         """A DDP model handed to another project module's function whose loop accumulates
@@ -162,28 +147,6 @@ class AccumulationWithoutNoSync(Rule):
         if guard.negated:
             return operator in (cst.GreaterThan, cst.NotEqual)
         return operator in (cst.Equal, cst.LessThanEqual)
-
-    @staticmethod
-    def _is_optimizer_step(call: Call) -> bool:
-        """`optimizer.step()`, `self.optimizer.step()`, `scaler.step(optimizer)`; not `scheduler.step()`."""
-        receiver = dotted_name(call.receiver) or ""
-        last = receiver.rsplit(".", 1)[-1].lower()
-        if "sched" in last or "lr" == last:
-            return False
-        if "optim" in last or last in ("opt", "solver"):
-            return True
-        if "scaler" in last and call.args:
-            argument = dotted_name(call.args[0].value) or ""
-            return "optim" in argument.rsplit(".", 1)[-1].lower()
-        return False
-
-    def _is_accumulation_test(self, guard: Guard, step: Call) -> bool:
-        """`(i + 1) % accum_steps == 0` (a modulo by something other than 1), or a test that reads an
-        accumulation counter (`if step_in_accum == grad_accum_steps - 1:`)."""
-        for divisor in syntax.modulo_divisors(guard.test):
-            if self.model.const_value(divisor, step.order, step.function) != 1:
-                return True
-        return any("accum" in name.lower() for name in names_in(guard.test))
 
     def _ddp_forward(self, loop: Union[Loop, Function]) -> Optional[tuple[Call, Call]]:
         """A model called in the loop body (`model(x)`, `self.model(x)`, also in a helper called from

@@ -6,49 +6,11 @@ from typing import Optional
 
 import libcst as cst
 
-from ddpdoctor.lint.analysis import Call, ModuleModel, Runs, WhoRuns, decided_by_guards, ranks, who_runs
+from ddpdoctor.lint.analysis import Call, ModuleModel, Runs, WhoRuns, collectives, decided_by_guards, ranks, who_runs
 from ddpdoctor.lint.rules.base import Rule
-
-# Every rank of the (default) group must enter these; send/recv/isend/irecv are point-to-point
-# and rank-specific by design, so they are not here.
-TORCH_COLLECTIVES = frozenset(
-    {
-        "barrier", "monitored_barrier", "all_reduce", "all_reduce_coalesced", "broadcast", "all_gather",
-        "all_gather_into_tensor", "all_gather_coalesced", "reduce", "gather", "scatter", "reduce_scatter",
-        "reduce_scatter_tensor", "all_to_all", "all_to_all_single", "all_gather_object", "gather_object",
-        "scatter_object_list", "broadcast_object_list", "new_group", "new_subgroups",
-    }
-)
-HOROVOD_COLLECTIVES = frozenset(
-    {
-        "allreduce", "allreduce_", "allreduce_async", "allreduce_async_", "grouped_allreduce",
-        "grouped_allreduce_", "grouped_allreduce_async", "grouped_allreduce_async_", "broadcast",
-        "broadcast_", "broadcast_async", "broadcast_async_", "allgather", "allgather_async",
-        "grouped_allgather", "allgather_object", "broadcast_object", "broadcast_parameters",
-        "broadcast_optimizer_state", "alltoall", "alltoall_async", "reducescatter", "reducescatter_async",
-        "grouped_reducescatter", "join", "barrier",
-    }
-)
-HOROVOD_MODULES = ("horovod.torch", "horovod.tensorflow", "horovod.keras", "horovod.tensorflow.keras")
-# Creating a group is collective over the whole world even for ranks not in it.
-GROUP_CREATION = frozenset({"new_group", "new_subgroups"})
 
 COMPLEMENT = {Runs.RANK0: Runs.NONZERO, Runs.NONZERO: Runs.RANK0}
 DESCRIBE = {Runs.RANK0: "the main process", Runs.NONZERO: "the non-main ranks", Runs.SUBSET: "some of the ranks"}
-
-
-def collective_name(call: Call) -> Optional[str]:
-    """`torch.distributed.barrier` / `horovod.torch.allreduce` for a collective call, else None."""
-    name = call.name
-    if name is None:
-        return None
-    module, _, attr = name.rpartition(".")
-    if module == "torch.distributed" and attr in TORCH_COLLECTIVES:
-        return name
-    if module in HOROVOD_MODULES and attr in HOROVOD_COLLECTIVES:
-        return name
-    return None
-
 
 # Where torch.distributed collectives take `group` positionally (`dist.all_reduce(t, op, group)`).
 GROUP_POSITION = {
@@ -62,7 +24,7 @@ GROUP_POSITION = {
 def on_subgroup(model: ModuleModel, call: Call) -> bool:
     """A collective over an explicit process group / process set: rank-guarding it to the group's
     members is how subgroups are used, so such calls are left alone."""
-    if call.name is not None and call.name.rpartition(".")[2] in GROUP_CREATION:
+    if call.name is not None and call.name.rpartition(".")[2] in collectives.GROUP_CREATION:
         return False
     attr = (call.name or "").rpartition(".")[2]
     position = GROUP_POSITION.get(attr) if (call.name or "").startswith("torch.distributed.") else None
@@ -86,7 +48,8 @@ def _same_collective(name: str, other: str) -> bool:
         return True
     module, _, attr = name.rpartition(".")
     other_module, _, other_attr = other.rpartition(".")
-    return module in HOROVOD_MODULES and other_module in HOROVOD_MODULES and "join" in (attr, other_attr)
+    horovod = collectives.HOROVOD_MODULES
+    return module in horovod and other_module in horovod and "join" in (attr, other_attr)
 
 
 class CollectiveUnderRankGuard(Rule):
@@ -114,7 +77,7 @@ class CollectiveUnderRankGuard(Rule):
     def check(self) -> None:
         guarded: list[tuple[Call, str, WhoRuns]] = []
         for call in self.model.calls:
-            name = collective_name(call)
+            name = collectives.collective_name(call)
             if name is None or on_subgroup(self.model, call):
                 continue
             runs = who_runs(self.model, call)
@@ -147,7 +110,7 @@ class CollectiveUnderRankGuard(Rule):
             if call.dotted is not None and not name.endswith("." + call.dotted.rpartition(".")[2]):
                 written += f" ({name})"  # an alias: say what it is
             advice = "Call it outside the rank-specific branch."
-            if name.rpartition(".")[2] in GROUP_CREATION:
+            if name.rpartition(".")[2] in collectives.GROUP_CREATION:
                 advice = "Every rank must create the group, members or not: call it outside the rank-specific branch."
             where = f" (guarded at line {guard_line}{via})" if guard_line is not None else ""
             self.report(
@@ -173,7 +136,7 @@ class CollectiveUnderRankGuard(Rule):
                 continue
             other, function = linked
             for inner in function.calls:
-                name = collective_name(inner)
+                name = collectives.collective_name(inner)
                 if name is None or on_subgroup(other, inner) or decided_by_guards(other, inner.ctx.guards):
                     continue
                 out.append((call, name, runs, (other, inner)))

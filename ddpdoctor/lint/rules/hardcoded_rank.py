@@ -7,7 +7,7 @@ from typing import Optional
 import libcst as cst
 
 from ddpdoctor.findings import Fix
-from ddpdoctor.lint.analysis import devices, launch, ranks
+from ddpdoctor.lint.analysis import devices, launch, launcher_env, ranks
 from ddpdoctor.lint.analysis import Call, Context, ModuleModel, Runs, reaches_several_processes, who_runs
 from ddpdoctor.lint.rules.base import Rule
 
@@ -43,6 +43,7 @@ class HardcodedRank(Rule):
         if evidence is None:
             return
         self.check_init_ranks()
+        self.check_init_world_size()
         if devices.visible_devices_writes(self.model) or devices.visible_devices_set_by_project_helper(self.model):
             # Each process is shown only its own GPU, which it then finds at index 0.
             return
@@ -79,6 +80,34 @@ class HardcodedRank(Rule):
                     f"every process claims rank {rank}, so the rendezvous hangs or fails. Pass each "
                     f"process's own rank (int(os.environ[\"RANK\"]) under torchrun, or the mp.spawn index).",
                 )
+
+    def check_init_world_size(self) -> None:
+        """`init_process_group(..., world_size=4)` in a script whose processes a launcher starts
+        (it reads RANK / LOCAL_RANK / SLURM_PROCID from the environment): the launcher's WORLD_SIZE
+        is the truth, and any other process count hangs at the rendezvous."""
+        read = None
+        for call in self.model.calls_named(launch.INIT_PROCESS_GROUP):
+            if launch.is_fake_backend(self.model, call) or who_runs(self.model, call).runs in (Runs.RANK0, Runs.SINGLE):
+                continue
+            found = launcher_env.literal_world_size(self.model, call)
+            if found is None:
+                continue
+            read = read or launcher_env.launcher_rank_read(self.model)
+            if read is None:
+                return
+            size, literal = found
+            key, node = read
+            written = call.written_arg(3, "world_size")
+            at = written if written is not None else call.node
+            where = "" if written is literal else f" (set at line {self.line(literal)})"
+            self.report(
+                at,
+                f"init_process_group is given the literal world_size={size}{where}, but the processes are started by a "
+                f"launcher (this script reads {key} from the environment at line {self.line(node)}), which sets "
+                f"WORLD_SIZE: launched with any other process count, the rendezvous waits for ranks that never "
+                f"come (or rejects a rank >= {size}). Leave world_size out (init_method=\"env://\" reads "
+                f"WORLD_SIZE) or pass int(os.environ[\"WORLD_SIZE\"]).",
+            )
 
     def world_size_description(self, call: Call) -> Optional[str]:
         """How the message describes a world size that is not 1, or None when it may be 1."""

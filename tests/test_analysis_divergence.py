@@ -1,0 +1,153 @@
+"""Where ranks part ways: the exits of loops and functions, what each rank measures on its own,
+what was reduced first, and what collective the ranks that stay go on to."""
+
+from __future__ import annotations
+
+import textwrap
+from typing import Optional
+
+import libcst as cst
+import pytest
+
+from ddpdoctor.lint.analysis import ModuleModel, Runs, build_analysis, divergence
+
+HEAD = """\
+import os, sys, time
+import torch
+import torch.distributed as dist
+"""
+
+
+def _model(body: str) -> ModuleModel:
+    return build_analysis(cst.parse_module(HEAD + textwrap.dedent(body)))
+
+
+def _exit_lines(model: ModuleModel) -> list[tuple[int, str, int]]:
+    return [(model.line_of(e.node), e.kind, len(e.loops)) for e in divergence.exits(model)]
+
+
+def test_exits_are_found_with_their_loops_and_only_clean_process_exits_count() -> None:
+    model = _model(
+        """
+        def f(xs):
+            for x in xs:
+                while x:
+                    if x > 3:
+                        break
+                    continue
+                if x:
+                    sys.exit(0)
+                sys.exit(2)
+                os._exit(3)
+                os._exit(0)
+                try:
+                    pass
+                except KeyError:
+                    continue
+                raise ValueError(x)
+            return xs
+        """
+    )
+    assert _exit_lines(model) == [
+        (9, "break", 2), (10, "continue", 2), (12, "exit", 1), (15, "exit", 1), (19, "continue", 1), (21, "return", 0),
+    ]
+
+
+def _divergence(body: str, line: int) -> Optional[divergence.Divergence]:
+    model = _model(body)
+    (exit,) = [e for e in divergence.exits(model) if model.line_of(e.node) == line]
+    return divergence.divergent_condition(model, exit)
+
+
+@pytest.mark.parametrize(
+    ("test", "local"),
+    [
+        ("loss.item() > 5", True),
+        ("kl > target", True),  # kl = (...).mean() above
+        ("not torch.isfinite(loss)", True),
+        ("time.time() - start > budget", True),
+        ("epoch >= max_epochs", False),
+        ("reduced > target", False),  # reduced = mpi_avg(kl)
+        ("kl_sum.item() > target", False),  # dist.all_reduce(kl_sum) above
+    ],
+)
+def test_conditions_on_values_measured_on_this_rank(test: str, local: bool) -> None:
+    body = f"""
+    def train(model, batches, target, budget, max_epochs):
+        start = time.time()
+        for epoch in range(100):
+            loss = model(batches).sum()
+            kl = (loss - 1).mean()
+            reduced = mpi_avg(kl)
+            kl_sum = kl.detach()
+            dist.all_reduce(kl_sum)
+            if {test}:
+                break
+            loss.backward()
+    """
+    found = _divergence(body, 14)
+    assert (found is not None and found.measured is not None) is local
+
+
+def test_a_rank_test_inside_the_loop_diverges_and_a_single_process_branch_does_not() -> None:
+    rank = _divergence(
+        """
+        for step in range(10):
+            if dist.get_rank() == 0:
+                break
+        """,
+        7,
+    )
+    assert rank is not None and rank.runs == Runs.RANK0
+    assert _divergence(
+        """
+        for step in range(10):
+            if not dist.is_initialized():
+                if step > 3:
+                    break
+        """,
+        8,
+    ) is None
+
+
+def test_what_the_remaining_ranks_run_next() -> None:
+    model = _model(
+        """
+        def sync(t):
+            dist.all_reduce(t)
+        for step in range(10):
+            sync(step)
+            if step > 2:
+                continue
+            print(step)
+        for step in range(10):
+            if step > 2:
+                continue
+            sync(step)
+        """
+    )
+    first, second = divergence.exits(model)
+    assert divergence.reaches_collective_after(model, first) is None  # the all_reduce came before
+    found = divergence.reaches_collective_after(model, second)
+    assert found is not None and found.name == "torch.distributed.all_reduce"
+
+
+def test_a_return_outside_loops_meets_what_the_rest_of_its_function_runs() -> None:
+    model = _model(
+        """
+        def step(model, x):
+            loss = model(x).mean()
+            if not torch.isfinite(loss):
+                return
+            loss.backward()
+        def log(loss):
+            if not torch.isfinite(loss):
+                return
+            print(loss)
+        """
+    )
+    before_backward, before_print = divergence.exits(model)
+    found = divergence.reaches_collective_after(model, before_backward)
+    assert found is not None and found.attr == "backward"
+    assert divergence.divergent_condition(model, before_backward) is not None
+    assert divergence.reaches_collective_after(model, before_print) is None
