@@ -309,6 +309,51 @@ def test_cache_is_keyed_by_configuration(project: Path) -> None:
     assert run(["lint", "train.py"], project).exit_code == 1
 
 
+def test_cache_is_keyed_by_the_linters_own_code(project: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An editable install whose rules changed keeps its version: results cached by the old code must
+    not be served, and the old code's file is removed when the new one is written."""
+    from ddpdoctor.lint import cache
+
+    assert run(["lint", "train.py"], project).exit_code == 1
+    (old,) = (project / ".ddpdoctor_cache").glob("*.json")
+    # Forge the old code's entry: a clean result for the buggy file. Served only while the stamp holds.
+    entries = json.loads(old.read_text())
+    for entry in entries.values():
+        entry[1] = []
+    old.write_text(json.dumps(entries))
+    assert run(["lint", "train.py"], project).exit_code == 0
+    monkeypatch.setitem(cache._stamps, cache._PACKAGE_DIR, "another-code")
+    assert run(["lint", "train.py"], project).exit_code == 1
+    (new,) = (project / ".ddpdoctor_cache").glob("*.json")
+    assert new != old and "-another-code-" in new.name
+
+
+def test_code_stamp_follows_each_module_of_the_package(tmp_path: Path) -> None:
+    from ddpdoctor.lint import cache
+
+    package = tmp_path / "pkg"
+    (package / "rules").mkdir(parents=True)
+    module = package / "rules" / "rule.py"
+    module.write_text("x = 1\n")
+    (package / "notes.txt").write_text("not code")
+    first = cache.code_stamp(package)
+    assert cache.code_stamp(package) == first  # once per process
+    cache._stamps.clear()
+    assert cache.code_stamp(package) == first  # the same code, the same stamp
+    (package / "notes.txt").write_text("other words")
+    cache._stamps.clear()
+    assert cache.code_stamp(package) == first  # only modules count
+    os.utime(module, ns=(1, 1))
+    cache._stamps.clear()
+    assert cache.code_stamp(package) != first
+    cache._stamps.clear()
+    touched = cache.code_stamp(package)
+    module.write_text("x = 22\n")
+    os.utime(module, ns=(1, 1))
+    cache._stamps.clear()
+    assert cache.code_stamp(package) != touched  # same time, another size
+
+
 def test_no_cache_writes_nothing(project: Path) -> None:
     run(["lint", "--no-cache", "train.py"], project)
     assert not (project / ".ddpdoctor_cache").exists()

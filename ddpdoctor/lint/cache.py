@@ -1,7 +1,9 @@
-"""A cache of lint results keyed by file content, ddpdoctor version and configuration.
+"""A cache of lint results keyed by file content, ddpdoctor's version and code, and configuration.
 
-One JSON file per (version, configuration) in `.ddpdoctor_cache/` next to the configuration (or in
-the working directory): path -> [content hash, findings]. Loaded once, written once, atomically.
+One JSON file per (version, code stamp, configuration) in `.ddpdoctor_cache/` next to the
+configuration (or in the working directory): path -> [content hash, findings]. Loaded once, written
+once, atomically. The code stamp covers an editable install or a patched build of the same version,
+whose rules changed while `__version__` did not: results of the old code are never served.
 A corrupt or unreadable cache is ignored, never an error; every entry is validated when read (its
 shape, codes the run selected, lines inside the file) and anything off is a miss.
 """
@@ -28,10 +30,33 @@ def content_hash(data: bytes) -> str:
     return hashlib.blake2b(data, digest_size=16).hexdigest()
 
 
+_PACKAGE_DIR = Path(__file__).resolve().parent.parent
+_stamps: dict[Path, str] = {}
+
+
+def code_stamp(package_dir: Path = _PACKAGE_DIR) -> str:
+    """A short digest of the linter's own code as installed: every module's path, size and
+    modification time (stat only, no reads: about 150 files, well under a millisecond warm). Computed
+    once per process and directory."""
+    stamp = _stamps.get(package_dir)
+    if stamp is None:
+        parts: list[str] = []
+        for path in sorted(package_dir.rglob("*.py")):
+            try:
+                st = path.stat()
+            except OSError:
+                continue
+            parts.append(f"{path.relative_to(package_dir).as_posix()}:{st.st_size}:{st.st_mtime_ns}")
+        stamp = content_hash("\n".join(parts).encode())[:12]
+        _stamps[package_dir] = stamp
+    return stamp
+
+
 class ResultCache:
     def __init__(self, root: Path, key: str) -> None:
         self.directory = root / CACHE_DIR_NAME
-        self.file = self.directory / f"v{__version__}-{key}.json"
+        self.key = key
+        self.file = self.directory / f"v{__version__}-{code_stamp()}-{key}.json"
         self.entries: dict[str, list[Any]] = {}
         self.dirty = False
         try:
@@ -90,8 +115,21 @@ class ResultCache:
             if not os.path.lexists(gitignore):  # whatever is there (even a FIFO) is left alone
                 gitignore.write_text("# Created by ddpdoctor\n*\n", encoding="utf-8")
             atomic_write(str(self.file), json.dumps(self.entries).encode("utf-8"))
+            self._drop_stale_siblings()
         except OSError:
             pass  # a read-only checkout still lints; it just is not cached
+
+
+    def _drop_stale_siblings(self) -> None:
+        """Files of the same configuration written by another version or code of ddpdoctor can never
+        be read again: remove them, so that the cache does not grow with every upgrade."""
+        suffix = f"-{self.key}.json"
+        for other in self.directory.glob(f"v*{suffix}"):
+            if other != self.file and other.is_file() and not other.is_symlink():
+                try:
+                    other.unlink()
+                except OSError:
+                    pass
 
 
 def _plausible(finding: Finding, codes: frozenset[str], lines: int) -> bool:
