@@ -95,7 +95,7 @@ class RankGuard:
         sock.settimeout(None)
         self.sock = sock
         self._send({"t": "hello", "rank": self.rank, "world_size": self.world_size, "local_rank": self.local_rank,
-                    "pid": os.getpid(), "host": socket.gethostname()})
+                    "pid": os.getpid(), "host": socket.gethostname(), "secret": self.options.secret})
         thread = threading.Thread(target=self._reporter, name="ddpdoctor-guard", daemon=True)
         thread.start()
         atexit.register(self.close)

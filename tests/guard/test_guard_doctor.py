@@ -7,6 +7,7 @@ from typing import Any
 import pytest
 
 from ddpdoctor.findings import Finding, Severity
+from ddpdoctor.guard import schema
 from ddpdoctor.guard.doctor import Doctor
 from ddpdoctor.guard.options import GuardOptions
 
@@ -26,11 +27,17 @@ class Harness:
         self.printed: list[Finding] = []
         self.doctor = Doctor(GuardOptions(**options), lambda r, m: self.sent.append((r, m)), self.printed.append,
                              clock=self.clock)
+        self.world = world
         for rank in range(world):
-            self.doctor.ingest(rank, {"t": "hello", "rank": rank, "world_size": world, "local_rank": rank})
+            self.doctor.join(schema.hello({"t": "hello", "rank": rank, "world_size": world, "local_rank": rank,
+                                           "secret": "s"}))
+
+    def ingest(self, rank: int, message: dict[str, Any]) -> None:
+        """As the server passes it on: checked by the schema first."""
+        self.doctor.ingest(rank, schema.message(message, self.world))
 
     def state(self, rank: int, **fields: Any) -> None:
-        self.doctor.ingest(rank, {"t": "state", "inflight": None, **fields})
+        self.ingest(rank, {"t": "state", "inflight": None, **fields})
 
     def call(self, rank: int, seq: int, op: str, signature: str, line: int, group: str = "W") -> None:
         self.state(rank, ev=[[group, seq, op, signature, "train.py", line]])
@@ -108,13 +115,13 @@ def test_stall_names_the_missing_rank_with_its_stack_and_asks_to_stop() -> None:
     h.doctor.tick()
     assert h.sent == [(1, {"t": "stack"})]
     frames = {"t": "stack", "frames": [["train.py", 27, "load"], ["train.py", 40, "main"]]}
-    h.doctor.ingest(1, frames)
+    h.ingest(1, frames)
     h.doctor.tick()
     assert h.printed == []  # a second sample, a second later, tells stuck from busy
     h.clock.now += 1.0
     h.doctor.tick()
     assert h.sent == [(1, {"t": "stack"})] * 2
-    h.doctor.ingest(1, frames)
+    h.ingest(1, frames)
     h.doctor.tick()
     (finding,) = h.printed
     assert finding.code == "GRD002" and finding.details["ranks"] == [1]
@@ -129,18 +136,18 @@ def test_a_busy_rank_is_not_stalled_until_it_stops_moving() -> None:
     h.state(0, ev=[["W", 0, "barrier", "", "train.py", 9]], inflight=["W", 0, 6.0])
     h.state(1, progress=10)
     h.doctor.tick()
-    h.doctor.ingest(1, {"t": "stack", "frames": [["eval.py", 3, "evaluate"]]})
+    h.ingest(1, {"t": "stack", "frames": [["eval.py", 3, "evaluate"]]})
     h.clock.now += 1.0
     h.state(1, progress=11)  # rank 1 drew another evaluation batch
     h.doctor.tick()
-    h.doctor.ingest(1, {"t": "stack", "frames": [["eval.py", 3, "evaluate"]]})
+    h.ingest(1, {"t": "stack", "frames": [["eval.py", 3, "evaluate"]]})
     h.doctor.tick()
     assert h.printed == [] and h.doctor.stop_requested is None
     h.clock.now += 3.0  # quiet for half the stall timeout, then checked again: now it is stuck
     h.state(0, inflight=["W", 0, 10.0])
     for _ in range(2):
         h.doctor.tick()
-        h.doctor.ingest(1, {"t": "stack", "frames": [["eval.py", 7, "evaluate"]]})
+        h.ingest(1, {"t": "stack", "frames": [["eval.py", 7, "evaluate"]]})
         h.clock.now += 1.0
     h.doctor.tick()
     assert [f.code for f in h.printed] == ["GRD002"] and "rank 1 is at eval.py:7" in h.printed[0].message
@@ -230,7 +237,7 @@ def test_straggler_needs_a_full_window_and_a_consistent_gap() -> None:
     h.doctor.tick()
     assert (2, {"t": "stack"}) in h.sent
     for _ in range(4):
-        h.doctor.ingest(2, {"t": "stack", "frames": [["train.py", 61, "log_histograms"]]})
+        h.ingest(2, {"t": "stack", "frames": [["train.py", 61, "log_histograms"]]})
     h.clock.now += 1
     h.doctor.tick()
     (finding,) = h.printed

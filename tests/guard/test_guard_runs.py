@@ -131,9 +131,13 @@ def test_two_nodes_on_loopback_one_guard_each_and_a_rank_blocked_outside_any_col
     node = ["--nnodes", "2", "--endpoint", f"127.0.0.1:{port}"]
     tmp = os.path.join(os.environ.get("TMPDIR", "/tmp"), f"guard-{mark}")
     started = time.monotonic()
-    head = start_guard(store, forklaunch(1, "blocked_rank.py", *node, "--node-rank", "0"), mark, tmp + "-0.json")
+    # Not torchrun: the job's identity, which the other node's guard shows node 0's, comes from the user.
+    job = {"DDPDOCTOR_GUARD_JOB": f"two-nodes-{mark}"}
+    head = start_guard(store, forklaunch(1, "blocked_rank.py", *node, "--node-rank", "0"), mark, tmp + "-0.json",
+                       job)
     time.sleep(1.0)  # node 0's guard listens first: the other guard then points its ranks at it
-    other = start_guard(store, forklaunch(1, "blocked_rank.py", *node, "--node-rank", "1"), mark, tmp + "-1.json")
+    other = start_guard(store, forklaunch(1, "blocked_rank.py", *node, "--node-rank", "1"), mark, tmp + "-1.json",
+                        job)
     try:
         first, second = finish(head, tmp + "-0.json", started), finish(other, tmp + "-1.json", started)
     finally:
