@@ -31,6 +31,9 @@ GUARD_CODES = ("GRD001", "GRD002", "GRD003", "GRD004", "GRD005", "GRD006", "GRD0
 INCOMPLETE_AFTER_S = 1.0
 STACK_WAIT_S = 1.5
 STRAGGLER_SAMPLES = 4
+# How much longer than the stall timeout ranks may wait in init_process_group for one that has not
+# even said hello: on a loaded machine, starting Python and importing torch takes a while.
+STARTUP_GRACE_S = 20.0
 
 
 def _name_and_severity(code: str) -> tuple[str, Severity]:
@@ -283,6 +286,8 @@ class Doctor:
             kinds = {(calls[r][0], calls[r][1]) for r in waiting if r in calls}
             if not missing and len(kinds) <= 1:
                 continue  # everyone is in the same collective: slow, not stalled
+            if group == "init" and now - since < timeout + STARTUP_GRACE_S and missing - set(self.ranks):
+                continue  # a rank that has not said hello yet may still be starting (importing torch)
             if now < self.stall_quiet_until:
                 return
             self.reported.add("GRD002")

@@ -201,3 +201,23 @@ def test_guard_installed_in_code_when_its_port_is_taken() -> None:
         port = holder.getsockname()[1]
         result = run_installed_in_code(f"127.0.0.1:{port}")
     assert "cannot reach the guard" not in result.stderr
+
+
+def test_a_rank_that_never_calls_init_process_group_is_named_with_its_stack() -> None:
+    # torchrun's ranks say hello when they import torch.distributed, before the rendezvous: rank 0
+    # waits in init_process_group, rank 1 never gets there, and the report says where it is.
+    torchrun = os.path.join(os.path.dirname(sys.executable), "torchrun")
+    started = time.monotonic()
+    run = run_guard("--stall-timeout", STALL, command=[torchrun, "--standalone", "--nproc-per-node", "2",
+                                                      SCRIPT.format("never_joins.py")])
+    assert run.returncode == 1, run.stderr[-3000:]
+    assert run.codes() == ["GRD002"] and run.report["world_size"] == 2
+    stall = run.finding("GRD002")
+    line = planted("never_joins.py", "GRD002")
+    assert stall["ranks"] == [1]
+    assert (stall["path"], stall["line"]) == (SCRIPT.format("never_joins.py"), line)
+    assert stall["message"].startswith("rank 0 waited ")
+    assert " s in init_process_group() at fixtures/guard/tiny.py:" in stall["message"]
+    assert f"rank 1 never arrived: rank 1 is at fixtures/guard/never_joins.py:{line} in <module>" in stall["message"]
+    assert_stall_diagnosed_in_time(stall)
+    assert time.monotonic() - started < 90
