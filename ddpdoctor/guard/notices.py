@@ -24,13 +24,20 @@ class Notices:
             if kind in self.said:
                 return
             self.said.add(kind)
+        self._write(text)
+
+    def summary(self, kinds: "tuple[str, ...]", what: str) -> None:
+        """One closing line when `kinds` happened more often than was said."""
+        with self.lock:
+            total = sum(self.counts.get(kind, 0) for kind in kinds)
+            said = sum(1 for kind in kinds if kind in self.said)
+        if total > said:
+            self._write(f"in all, {total} {what}")
+
+    def _write(self, text: str) -> None:
         stream = self.stream or sys.stderr
         try:
             stream.write(f"ddpdoctor guard: warning: {escape_controls(text)}\n")
             stream.flush()
         except (OSError, ValueError):  # a closed stderr must not take the guard down
             pass
-
-    def total(self, kind: str) -> int:
-        with self.lock:
-            return self.counts.get(kind, 0)

@@ -36,6 +36,8 @@ HELLO_TIMEOUT_S = 5.0
 MAX_PENDING = 16
 SEND_TIMEOUT_S = 2.0
 TICK_S = 0.2
+# The kinds of guard warning that are a connection this server closed.
+DROPPED = ("unauthenticated", "bad", "pending", "follower")
 
 
 @dataclass(eq=False)
@@ -239,6 +241,7 @@ class SideChannel:
             pass
 
     def close(self) -> None:
+        self.notices.summary(DROPPED, "side-channel connections were refused or dropped")
         self.closing.set()
         if self.thread.is_alive():
             self.thread.join(timeout=2 * TICK_S + 1)
