@@ -21,7 +21,7 @@ from typing import Any, Optional
 
 from ddpdoctor.guard import frames
 from ddpdoctor.guard.options import ACTIVE_ENV, GuardOptions
-from ddpdoctor.guard.wire import LineReader, encode
+from ddpdoctor.guard.wire import MAX_LINE, LineReader, encode
 
 # The one guard of this process, once it is a rank (after init_process_group).
 current: Optional["RankGuard"] = None
@@ -107,6 +107,11 @@ class RankGuard:
         if self.sock is None or self.closed:
             return
         data = encode(message)
+        if len(data) > MAX_LINE:
+            # Longer than the guard reads: in two messages, each list item sent once.
+            for part in split(message):
+                self._send(part)
+            return
         with self.send_lock:
             try:
                 self.sock.sendall(data)
@@ -355,6 +360,19 @@ def _became(guard: RankGuard) -> None:
 def _forget_in_child() -> None:
     global current
     current = None
+
+
+def split(message: dict[str, Any]) -> list[dict[str, Any]]:
+    """A state message in two whose items add up to it (the longest list halved), or none when there
+    is nothing to halve (such a message cannot be sent: it is dropped)."""
+    lists = [(len(v), k) for k, v in message.items() if isinstance(v, list) and len(v) > 1]
+    if not lists:
+        return []
+    key = max(lists)[1]
+    items = message[key]
+    half = len(items) // 2
+    head: dict[str, Any] = {k: message[k] for k in ("t", "progress", "inflight") if k in message}
+    return [{**head, key: items[:half]}, {**message, key: items[half:]}]
 
 
 def _drain(queue: "deque[Any]") -> list[Any]:

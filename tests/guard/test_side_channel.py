@@ -227,3 +227,24 @@ def test_another_nodes_guard_of_the_same_job_registers_its_ranks_secret() -> Non
         ranked.close()
     finally:
         made.channel.close()
+
+
+def test_a_rank_splits_a_message_longer_than_a_line_without_repeating_an_item() -> None:
+    from ddpdoctor.guard import rank
+    from ddpdoctor.guard.wire import MAX_LINE
+
+    events = [["W", seq, "all_reduce", "float32[1]", "train.py", 7] for seq in range(200_000)]
+    message = {"t": "state", "progress": 9, "inflight": None, "ev": events, "steps": [[1, 0.1], [2, 0.1]],
+               "final": True}
+    pending, sent = [message], []
+    while pending:
+        part = pending.pop()
+        if len(encode(part)) > MAX_LINE:
+            pending.extend(rank.split(part))
+        else:
+            sent.append(part)
+    assert len(sent) > 1
+    assert sorted(e[1] for part in sent for e in part.get("ev", [])) == list(range(200_000))
+    assert [part.get("steps") for part in sent if "steps" in part] == [[[1, 0.1], [2, 0.1]]]
+    assert sum(1 for part in sent if part.get("final")) == 1
+    assert rank.split({"t": "state", "hashes": [{"names": ["x" * MAX_LINE]}]}) == []
