@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any, Optional
 
 # The side channel's address and the options, as the ranks inherit them.
@@ -41,7 +41,7 @@ class GuardOptions:
     rank0_hosts: bool = False
     # What a rank's hello must carry: handed down in the environment (DDPDOCTOR_GUARD), which only
     # the job's own user can read (/proc/PID/environ), never on a command line.
-    secret: str = ""
+    secret: str = field(default="", repr=False)
 
     def to_env(self) -> str:
         return json.dumps(asdict(self), separators=(",", ":"))

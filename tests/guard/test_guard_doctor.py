@@ -8,6 +8,7 @@ import pytest
 
 from ddpdoctor.findings import Finding, Severity
 from ddpdoctor.guard import schema
+from ddpdoctor.guard import doctor as doctor_module
 from ddpdoctor.guard.doctor import Doctor
 from ddpdoctor.guard.options import GuardOptions
 
@@ -21,14 +22,14 @@ class Clock:
 
 
 class Harness:
-    def __init__(self, world: int, **options: Any) -> None:
+    def __init__(self, world: int, joined: "range | tuple[int, ...] | None" = None, **options: Any) -> None:
         self.clock = Clock()
         self.sent: list[tuple[int, dict[str, Any]]] = []
         self.printed: list[Finding] = []
         self.doctor = Doctor(GuardOptions(**options), lambda r, m: self.sent.append((r, m)), self.printed.append,
                              clock=self.clock)
         self.world = world
-        for rank in range(world):
+        for rank in range(world) if joined is None else joined:
             self.doctor.join(schema.hello({"t": "hello", "rank": rank, "world_size": world, "local_rank": rank,
                                            "secret": "s"}))
 
@@ -266,3 +267,43 @@ def test_rank_local_findings_are_merged_across_ranks() -> None:
     (finding,) = h.printed
     assert finding.details == {"ranks": [0, 2], "step": 8, "epoch": 1}
     assert (finding.code, finding.name, finding.severity) == ("GRD004", "epoch-order-repeated", Severity.WARNING)
+
+
+def test_a_rank_that_never_reaches_the_rendezvous_is_named_with_its_stack() -> None:
+    h = Harness(2, stall_timeout=5.0)
+    h.state(0, ev=[["init", 0, "init_process_group", "", "train.py", 12]], inflight=["init", 0, 4.9])
+    h.doctor.tick()
+    assert h.sent == []
+    h.state(0, inflight=["init", 0, 5.0])
+    h.doctor.tick()
+    assert h.sent == [(1, {"t": "stack"})]
+    for _ in range(2):
+        h.ingest(1, {"t": "stack", "frames": [["train.py", 8, "<module>"]]})
+        h.clock.now += 1.0
+        h.doctor.tick()
+    (finding,) = h.printed
+    assert finding.code == "GRD002" and finding.details["ranks"] == [1]
+    assert finding.message.startswith("rank 0 waited 7.0 s in init_process_group() at train.py:12, and rank 1 "
+                                      "never arrived: rank 1 is at train.py:8 in <module>")
+
+
+def test_a_rank_that_has_not_said_hello_gets_a_grace_to_start() -> None:
+    h = Harness(3, joined=(0, 2), stall_timeout=5.0)
+    for rank in (0, 2):
+        h.state(rank, ev=[["init", 0, "init_process_group", "", "train.py", 12]], inflight=["init", 0, 0.0])
+    h.clock.now += 5.0 + doctor_module.STARTUP_GRACE_S - 0.1
+    h.doctor.tick()
+    assert h.printed == []  # importing torch on a loaded machine: not yet
+    h.clock.now += 0.2
+    h.doctor.tick()
+    (finding,) = h.printed
+    assert finding.details["ranks"] == [1] and "rank 1 never connected" in finding.message
+    assert finding.message.startswith("ranks 0, 2 waited 25.1 s in init_process_group() at train.py:12")
+
+
+def test_everyone_in_the_rendezvous_is_not_a_stall() -> None:
+    h = Harness(2, stall_timeout=5.0)
+    for rank in (0, 1):
+        h.state(rank, ev=[["init", 0, "init_process_group", "", "train.py", 12]], inflight=["init", 0, 60.0])
+    h.doctor.tick()
+    assert h.printed == [] and h.sent == []
