@@ -117,8 +117,8 @@ def _wrap_collective(name: str, function: Callable[..., Any], tensor_type: type)
     @functools.wraps(function)
     def collective(*args: Any, **kwargs: Any) -> Any:
         guard = rank.current
-        if guard is None and not _late_start_tried:
-            guard = _late_start()
+        if (guard is None or not guard.joined) and not _late_start_tried:
+            guard = _late_start()  # also when it said hello early but the group began another way
         if guard is None or guard.closed:
             return function(*args, **kwargs)
         group = kwargs.get("group") if "group" in kwargs else (args[group_at] if 0 <= group_at < len(args) else None)

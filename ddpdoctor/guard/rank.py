@@ -331,6 +331,7 @@ def start_early(options: GuardOptions, rank: Optional[int], world_size: Optional
     with _start_lock:
         if current is not None:
             return current
+        frames.skip_torch_frames()  # torch.distributed is imported: where init_process_group is called from
         guard = RankGuard(options, rank, world_size, int_env("LOCAL_RANK"), int_env("LOCAL_WORLD_SIZE"))
         try:
             guard.connect(patience=2.0)
