@@ -27,6 +27,9 @@ AFTER_LAUNCHER_S = 2.0
 KILL_WAIT_S = 5.0
 POLL_S = 0.05
 PR_SET_CHILD_SUBREAPER = 36
+# How often the guard and its supervisor look at the process table while the job runs: one scan
+# reads every /proc/PID/stat (about 40 µs each), so not on every tick of a busy node.
+WATCH_S = 1.0
 
 
 def become_subreaper() -> bool:
@@ -46,6 +49,7 @@ class Job:
         self.exclude = set(exclude or ())
         self.known: dict[int, int] = {}
         self.table: dict[int, ProcessStat] = {}
+        self.refreshed = float("-inf")
 
     def refresh(self) -> None:
         self.table = process_table()
@@ -53,6 +57,13 @@ class Job:
         for pid in below(roots, self.table):
             if pid not in self.exclude and pid != os.getpid():
                 self.known.setdefault(pid, self.table[pid].start)
+
+    def watch(self) -> None:
+        """refresh(), at most every WATCH_S."""
+        now = time.monotonic()
+        if now - self.refreshed >= WATCH_S:
+            self.refreshed = now
+            self.refresh()
 
     def _same(self, pid: int) -> bool:
         stat = self.table.get(pid)

@@ -195,7 +195,7 @@ def _supervise(process: "subprocess.Popen[bytes]", doctor: Optional[Doctor], cha
             return process.wait(timeout=TICK_S)
         except subprocess.TimeoutExpired:
             pass
-        job.refresh()
+        job.watch()
         reap()
         if received:
             # The user's Ctrl-C or SIGTERM was passed on to every process: give the launcher its

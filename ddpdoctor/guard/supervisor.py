@@ -3,8 +3,8 @@
     python -m ddpdoctor.guard.supervisor GUARD_PID
 
 Started by the guard in a session of its own (Ctrl-C in the terminal does not reach it), with a
-pipe on its standard input of which the guard holds the only write end. It remembers, four times a
-second, every process below the guard (reaper.Job). The guard writes `launcher PID` once the job
+pipe on its standard input of which the guard holds the only write end. It remembers, once a second,
+every process below the guard (reaper.Job). The guard writes `launcher PID` once the job
 runs and `done` when it has cleaned up itself; end of file without `done` means the guard died,
 and then the supervisor stops every process it remembers, as the guard would have.
 """
@@ -15,10 +15,8 @@ import os
 import select
 import sys
 
-from ddpdoctor.guard.reaper import Job, stop
+from ddpdoctor.guard.reaper import WATCH_S, Job, stop
 from ddpdoctor.procfs import read_stat
-
-WATCH_S = 0.25
 
 
 def supervise(guard: int) -> int:
@@ -42,6 +40,7 @@ def supervise(guard: int) -> int:
                 if line.startswith(b"launcher ") and line[9:].isdigit():
                     launcher = int(line[9:])
             buffered = buffered[buffered.rfind(b"\n") + 1:][-256:]
+    job.refresh()
     left = job.alive()
     if left:
         sys.stderr.write(f"ddpdoctor guard: the guard was killed; stopping the {len(left)} processes of its job\n")
