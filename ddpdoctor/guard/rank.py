@@ -21,7 +21,7 @@ from typing import Any, Optional
 
 from ddpdoctor.guard import frames
 from ddpdoctor.guard.options import ACTIVE_ENV, GuardOptions
-from ddpdoctor.guard.wire import MAX_LINE, LineReader, encode
+from ddpdoctor.guard.wire import MAX_LINE, LineReader, encode, nonce, prove, proves
 
 # The one guard of this process, once it is a rank (after init_process_group).
 current: Optional["RankGuard"] = None
@@ -76,6 +76,7 @@ class RankGuard:
         self.group_keys: dict[int, tuple[str, Any]] = {}
         self.main_ident = threading.main_thread().ident
         self.sock: Optional[socket.socket] = None
+        self.reader: Optional[LineReader] = None
         self.send_lock = threading.Lock()
         self.flush_lock = threading.Lock()
         self.last_sent = 0.0
@@ -95,13 +96,31 @@ class RankGuard:
                 if time.monotonic() > deadline:
                     raise
                 time.sleep(0.1)
+        try:
+            self.reader = self._handshake(sock)
+        except (OSError, ValueError) as error:
+            sock.close()
+            raise OSError(str(error)) from None
         sock.settimeout(None)
         self.sock = sock
-        self._send({"t": "hello", "rank": self.rank, "world_size": self.world_size, "local_rank": self.local_rank,
-                    "pid": os.getpid(), "host": socket.gethostname(), "secret": self.options.secret})
         thread = threading.Thread(target=self._reporter, name="ddpdoctor-guard", daemon=True)
         thread.start()
         atexit.register(self.close)
+
+    def _handshake(self, sock: socket.socket) -> LineReader:
+        """Prove the run's secret on the guard's challenge, and have the guard prove it back on ours:
+        the secret itself never travels, and an impostor on the guard's port gets nothing to obey."""
+        reader = LineReader(sock)
+        challenge = reader.next()
+        mine = nonce()
+        sock.sendall(encode({"t": "hello", "rank": self.rank, "world_size": self.world_size,
+                             "local_rank": self.local_rank, "pid": os.getpid(), "host": socket.gethostname(),
+                             "proof": prove(self.options.secret, "rank", str(challenge.get("nonce"))),
+                             "nonce": mine}))
+        welcome = reader.next()
+        if welcome.get("t") != "welcome" or not proves(self.options.secret, "guard", mine, str(welcome.get("proof"))):
+            raise OSError("the side channel did not prove the run's secret")
+        return reader
 
     def _send(self, message: dict[str, Any]) -> None:
         if self.sock is None or self.closed:
@@ -131,12 +150,12 @@ class RankGuard:
             pass
 
     def _reporter(self) -> None:
-        assert self.sock is not None
-        reader = LineReader(self.sock)
+        assert self.sock is not None and self.reader is not None
+        reader = self.reader
         while not self.closed:
             try:
-                readable, _, _ = select.select([self.sock], [], [], self.options.flush_interval)
-                if readable:
+                readable, _, _ = select.select([self.sock], [], [], 0 if reader.ready else self.options.flush_interval)
+                if readable or reader.ready:
                     for message in reader.read():
                         self._handle(message)
             except (OSError, ValueError, ConnectionError):

@@ -31,7 +31,7 @@ from ddpdoctor.guard.launch_args import DEFAULT_HOST, AddressError, job_identity
 from ddpdoctor.guard.notices import Notices
 from ddpdoctor.guard.options import ACTIVE_ENV, ENV, SECRET_ENV, GuardOptions
 from ddpdoctor.guard.server import SideChannel
-from ddpdoctor.guard.wire import LineReader, ProtocolError, encode
+from ddpdoctor.guard.wire import LineReader, ProtocolError, encode, prove
 
 BOOTSTRAP_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "bootstrap")
 TICK_S = 0.25
@@ -105,15 +105,15 @@ def _open_channel(options: GuardOptions, command: Sequence[str], store: Optional
         reason = error.strerror or str(error)
     # Another guard listens there: node 0's guard of this job (then this one follows it), or
     # another job's (then this guard must not join it).
-    _follow(host, port, secret, job, reason)
+    _follow(host, port, secret, job, bool(shared), reason)
     return None, host, port, secret
 
 
-def _follow(host: str, port: int, secret: str, job: str, reason: str) -> None:
+def _follow(host: str, port: int, secret: str, job: str, shared: bool, reason: str) -> None:
     deadline = time.monotonic() + (FOLLOW_WAIT_S if job else 2.0)
     while True:
         try:
-            answer = _ask_host(host, port, secret, job)
+            answer = _ask_host(host, port, secret, job, shared)
             break
         except (OSError, ProtocolError) as error:
             if time.monotonic() > deadline:
@@ -125,13 +125,17 @@ def _follow(host: str, port: int, secret: str, job: str, reason: str) -> None:
         raise UsageError(f"--store {host}:{port} is held by another guard: {why}"[:300])
 
 
-def _ask_host(host: str, port: int, secret: str, job: str) -> dict[str, Any]:
+def _ask_host(host: str, port: int, secret: str, job: str, shared: bool) -> dict[str, Any]:
+    """Register with node 0's guard: the job's identity, and the shared secret's proof (or, without
+    one, the secret this node's ranks will prove)."""
     with socket.create_connection((host, port), timeout=5) as sock:
-        sock.sendall(encode({"t": "follower", "secret": secret, "job": job}))
         reader = LineReader(sock, limit=4096)
-        while True:
-            for message in reader.read():
-                return message
+        challenge = reader.next()
+        hello = {"t": "follower", "job": job, "proof": prove(secret, "follower", str(challenge.get("nonce")))}
+        if not shared:
+            hello["secret"] = secret
+        sock.sendall(encode(hello))
+        return reader.next()
 
 
 def run(command: Sequence[str], options: GuardOptions, on_finding: Callable[[Finding], None],

@@ -39,15 +39,18 @@ class Hello:
     world_size: int
     local_rank: Optional[int]
     host: str
-    secret: str
+    proof: str  # wire.prove(secret, "rank", the guard's challenge)
+    nonce: str  # the rank's challenge to the guard
 
 
 @dataclass(frozen=True)
 class FollowerHello:
-    """Another node's guard of the same job: its ranks will prove `secret`."""
+    """Another node's guard of the same job. With a shared secret it proves it (`proof`, on the
+    server's challenge) and sends none; without, `secret` is the one its own ranks will prove."""
 
     secret: str
     job: str
+    proof: str
 
 
 def _int(value: Any, what: str, low: int = 0, high: int = MAX_INT) -> int:
@@ -88,13 +91,15 @@ def hello(message: dict[str, Any]) -> "Hello | FollowerHello":
     """A connection's first message; its secret is checked by the caller."""
     kind = message.get("t")
     if kind == "follower":
-        return FollowerHello(secret=_text(message.get("secret"), "secret", 256), job=_text(message.get("job"), "job"))
+        return FollowerHello(secret=_text(message.get("secret", ""), "secret", 256), job=_text(message.get("job"), "job"),
+                             proof=_text(message.get("proof", ""), "proof", 64))
     if kind != "hello":
         raise BadMessage("the first message is not a hello")
     world_size = _int(message.get("world_size"), "world_size", 1, MAX_WORLD)
     return Hello(rank=_int(message.get("rank"), "rank", 0, world_size - 1), world_size=world_size,
                  local_rank=_optional_int(message.get("local_rank"), "local_rank"),
-                 host=_text(message.get("host", ""), "host", 256), secret=_text(message.get("secret"), "secret", 256))
+                 host=_text(message.get("host", ""), "host", 256), proof=_text(message.get("proof"), "proof", 64),
+                 nonce=_text(message.get("nonce"), "nonce", 64))
 
 
 def group(value: Any, world_size: int) -> str:

@@ -3,8 +3,10 @@
 A plain TCP listener on the rendezvous host (loopback by default), separate from the job's own
 process group and store, so that it keeps working when the job's collectives hang.
 
-Who may talk: a connection's first line must be a hello that carries the run's secret (handed to
-the ranks in their environment, never on a command line; compared in constant time). A rank's
+Who may talk: the server opens every connection with a challenge, and the connection's first line
+must be a hello that proves the run's secret on it (an HMAC: the secret, handed to the ranks in
+their environment and never on a command line, is never sent; compared in constant time); the
+server proves the secret back on the rank's own challenge, so a rank never obeys an impostor. A rank's
 hello fixes the job's world size if it is the first, and must name a rank below it that is not
 already connected; another node's guard of the same job (same job identity, and the shared
 secret when one is configured) may register the secret its own ranks carry. Until then a
@@ -26,7 +28,7 @@ from typing import TYPE_CHECKING, Any, Callable, Optional
 
 from ddpdoctor.guard import schema
 from ddpdoctor.guard.notices import Notices
-from ddpdoctor.guard.wire import CHUNK, MAX_LINE, LineSplitter, ProtocolError, encode
+from ddpdoctor.guard.wire import CHUNK, MAX_LINE, LineSplitter, ProtocolError, encode, nonce, prove, proves
 
 if TYPE_CHECKING:
     from ddpdoctor.guard.doctor import Doctor
@@ -46,6 +48,7 @@ class _Connection:
     peer: str
     opened: float
     splitter: LineSplitter = field(default_factory=lambda: LineSplitter(HELLO_LINE))
+    challenge: str = field(default_factory=nonce)
     rank: Optional[int] = None
     lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -134,6 +137,7 @@ class SideChannel:
                            "connections to the side channel that did not say hello in time were closed")
             self.pending[sock] = connection
             self.selector.register(sock, selectors.EVENT_READ, connection)
+            self._write(connection, encode({"t": "challenge", "nonce": connection.challenge}))
 
     def _readable(self, connection: _Connection) -> None:
         try:
@@ -163,7 +167,9 @@ class SideChannel:
         if isinstance(hello, schema.FollowerHello):
             self._follower(connection, hello)
             return
-        if not self._proves(hello.secret):
+        secret = next((known for known in self.secrets if proves(known, "rank", connection.challenge, hello.proof)),
+                      None)
+        if secret is None:
             raise schema.BadMessage("it did not prove the run's secret")
         with self.lock:
             if self.world_size is None:
@@ -176,24 +182,23 @@ class SideChannel:
         connection.rank = hello.rank
         connection.splitter.limit = MAX_LINE
         self.pending.pop(connection.sock, None)
+        self._write(connection, encode({"t": "welcome", "proof": prove(secret, "guard", hello.nonce)}))
         self._call("join", hello)
-
-    def _proves(self, secret: str) -> bool:
-        given = secret.encode()
-        return any(hmac.compare_digest(given, known.encode()) for known in self.secrets)
 
     def _follower(self, connection: _Connection, hello: schema.FollowerHello) -> None:
         # Another node's guard: the same job, and the shared secret when one is configured.
         if not (self.job and hmac.compare_digest(hello.job.encode(), self.job.encode())):
             answer, why = "refused", "this side channel belongs to another job"
-        elif self.shared_secret and not self._proves(hello.secret):
+        elif self.shared_secret and not proves(self.secrets[0], "follower", connection.challenge, hello.proof):
             answer, why = "refused", "wrong secret"
+        elif not self.shared_secret and len(hello.secret) < 16:
+            answer, why = "refused", "no secret for its ranks"
         elif self.followers_left <= 0:
             answer, why = "refused", "the job has all its nodes"
         else:
             answer, why = "welcome", ""
             self.followers_left -= 1
-            if hello.secret not in self.secrets:
+            if hello.secret and hello.secret not in self.secrets:
                 self.secrets.append(hello.secret)
         self._write(connection, encode({"t": answer, "why": why}))
         if answer == "refused":

@@ -11,7 +11,10 @@ again in memory for every chunk).
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import json
+import secrets
 import socket
 from typing import Any, Iterator
 
@@ -19,6 +22,20 @@ from typing import Any, Iterator
 # hashes of a large model's parameters, stay far below; the rank splits what would not.
 MAX_LINE = 4 << 20
 CHUNK = 1 << 16
+
+
+def nonce() -> str:
+    return secrets.token_hex(16)
+
+
+def prove(secret: str, purpose: str, challenge: str) -> str:
+    """HMAC-SHA256 of `purpose:challenge` under the run's secret: shows the secret without sending it.
+    Ranks prove "rank" on the guard's challenge; the guard proves "guard" on the rank's."""
+    return hmac.new(secret.encode(), f"{purpose}:{challenge}".encode(), hashlib.sha256).hexdigest()
+
+
+def proves(secret: str, purpose: str, challenge: str, proof: str) -> bool:
+    return hmac.compare_digest(prove(secret, purpose, challenge).encode(), proof.encode())
 
 
 class ProtocolError(ValueError):
@@ -77,9 +94,24 @@ class LineReader:
         self.sock = sock
         self.splitter = LineSplitter(limit)
 
+        self.ready: list[dict[str, Any]] = []
+
     def read(self) -> Iterator[dict[str, Any]]:
-        """Messages from one `recv`; raises ConnectionError when the peer has closed."""
-        chunk = self.sock.recv(CHUNK)
-        if not chunk:
-            raise ConnectionError("closed")
-        yield from self.splitter.feed(chunk)
+        """Messages from one `recv` (or left over from `next`); raises ConnectionError when the peer
+        has closed."""
+        if not self.ready:
+            chunk = self.sock.recv(CHUNK)
+            if not chunk:
+                raise ConnectionError("closed")
+            self.ready = self.splitter.feed(chunk)
+        taken, self.ready = self.ready, []
+        yield from taken
+
+    def next(self) -> dict[str, Any]:
+        """The next message, waiting for it (within the socket's timeout)."""
+        while not self.ready:
+            chunk = self.sock.recv(CHUNK)
+            if not chunk:
+                raise ConnectionError("closed")
+            self.ready = self.splitter.feed(chunk)
+        return self.ready.pop(0)

@@ -31,7 +31,8 @@ class Harness:
         self.world = world
         for rank in range(world) if joined is None else joined:
             self.doctor.join(schema.hello({"t": "hello", "rank": rank, "world_size": world, "local_rank": rank,
-                                           "secret": "s"}))
+                                           "proof": "p",
+                                           "nonce": "n"}))
 
     def ingest(self, rank: int, message: dict[str, Any]) -> None:
         """As the server passes it on: checked by the schema first."""

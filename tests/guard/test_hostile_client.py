@@ -1,6 +1,6 @@
 """A hostile local client against the guard's side channel, during a real 2-rank gloo job.
 
-It sends garbage, hellos without or with a wrong secret, forged ranks and world sizes, a line of a
+It sends garbage, hellos without a proof of the run's secret or with a wrong one, forged ranks and world sizes, a line of a
 few MiB, a thousand short connections and a crowd of idle ones. The job must finish with its own
 output and status, its one planted finding (GRD003: rank 1 updates a buffer alone) and nothing else, the guard's memory
 and threads must stay bounded, the guard's warnings must be few, and no process may be left."""
@@ -19,6 +19,7 @@ from typing import Any
 
 import pytest
 
+from ddpdoctor.guard.wire import LineReader, prove
 from guard_helpers import assert_no_leftovers, finish, marked_processes, planted, start_guard
 
 pytestmark = pytest.mark.slow
@@ -79,10 +80,15 @@ def closed_by_server(sock: socket.socket, timeout: float = HELLO_TIMEOUT_S + 2) 
         return False, said
 
 
-def attempt(address: tuple[str, int], *lines: Any) -> tuple[bool, bytes]:
+def attempt(address: tuple[str, int], *lines: Any, secret: str = "") -> tuple[bool, bytes]:
+    """Send `lines` (a hello with its proof of `secret` on the guard's challenge, when one is given);
+    whether the guard closed the connection in time, and what it said."""
     with socket.create_connection(address, timeout=5) as sock:
+        challenge = LineReader(sock).next()["nonce"]
         try:
             for line in lines:
+                if isinstance(line, dict) and line.get("t") == "hello" and secret:
+                    line = {**line, "nonce": "n", "proof": prove(secret, "rank", challenge)}
                 sock.sendall(line if isinstance(line, bytes) else json.dumps(line).encode() + b"\n")
         except (ConnectionResetError, BrokenPipeError):
             return True, b""
@@ -106,19 +112,20 @@ def test_a_hostile_client_cannot_forge_hide_or_stop_anything() -> None:
             attempt(address, b"\x00\xff garbage that is not JSON\n"),
             attempt(address, b"[1, 2, 3]\n"),
             attempt(address, forged_local),  # a state message without a hello
-            attempt(address, {"t": "hello", "rank": 0, "world_size": 2}),  # no secret
-            attempt(address, {"t": "hello", "rank": 4, "world_size": 2, "secret": "guess"}),
-            attempt(address, {"t": "hello", "rank": 1, "world_size": 2, "secret": secret[:-1] + "x"}),
-            attempt(address, {"t": "hello", "rank": "0", "world_size": 10 ** 15, "secret": secret}),
+            attempt(address, {"t": "hello", "rank": 0, "world_size": 2}),  # no proof
+            attempt(address, {"t": "hello", "rank": 0, "world_size": 2, "secret": secret}),  # the secret, not a proof
+            attempt(address, {"t": "hello", "rank": 4, "world_size": 2}, secret="guess"),
+            attempt(address, {"t": "hello", "rank": 1, "world_size": 2}, secret=secret[:-1] + "x"),
+            attempt(address, {"t": "hello", "rank": "0", "world_size": 10 ** 15}, secret=secret),
             # Even with the secret (as the job's own user could read it): a world size that is not the
             # job's, a rank that is connected already.
-            attempt(address, {"t": "hello", "rank": 5, "world_size": 7, "secret": secret}),
-            attempt(address, {"t": "hello", "rank": 0, "world_size": 2, "secret": secret}, forged_local),
+            attempt(address, {"t": "hello", "rank": 5, "world_size": 7}, secret=secret),
+            attempt(address, {"t": "hello", "rank": 0, "world_size": 2}, forged_local, secret=secret),
             attempt(address, b"x" * (6 << 20)),  # 6 MiB without a newline
         ]
         assert all(closed for closed, _ in refused), refused
         # Another guard's registration for another job is answered, refused, and closed.
-        closed, said = attempt(address, {"t": "follower", "secret": "guess", "job": "other"})
+        closed, said = attempt(address, {"t": "follower", "secret": "guess-guess-guess", "job": "other"})
         assert closed and json.loads(said) == {"t": "refused", "why": "this side channel belongs to another job"}
         # A thousand connections, closed at once; then a crowd of idle ones the guard must not keep.
         for _ in range(1000):

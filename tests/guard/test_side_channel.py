@@ -15,7 +15,7 @@ from ddpdoctor.guard import schema, server
 from ddpdoctor.guard.doctor import Doctor
 from ddpdoctor.guard.notices import Notices
 from ddpdoctor.guard.options import GuardOptions
-from ddpdoctor.guard.wire import LineSplitter, ProtocolError, encode
+from ddpdoctor.guard.wire import LineReader, LineSplitter, ProtocolError, encode, prove, proves
 
 SECRET = "0123456789abcdef"
 
@@ -43,7 +43,8 @@ def test_a_long_line_is_not_copied_on_every_chunk() -> None:
 
 
 def hello(**fields: Any) -> dict[str, Any]:
-    return {"t": "hello", "rank": 0, "world_size": 2, "secret": SECRET, **fields}
+    """A rank's hello; Channel.connect replaces "secret" with its proof on the server's challenge."""
+    return {"t": "hello", "rank": 0, "world_size": 2, "proof": "0" * 64, "nonce": "mine", "secret": SECRET, **fields}
 
 
 @pytest.mark.parametrize("fields, said", [
@@ -54,7 +55,9 @@ def hello(**fields: Any) -> dict[str, Any]:
     ({"world_size": 10 ** 15}, "world_size is not an integer in [1, 1048576]"),
     ({"world_size": 0}, "world_size is not an integer"),
     ({"local_rank": 1.5}, "local_rank is not an integer"),
-    ({"secret": 7}, "secret is not a string"),
+    ({"proof": 7}, "proof is not a string"),
+    ({"proof": "f" * 65}, "proof is not a string of at most 64 characters"),
+    ({"nonce": None}, "nonce is not a string"),
     ({"host": "h" * 300}, "host is not a string of at most 256 characters"),
     ({"t": "state"}, "the first message is not a hello"),
 ])
@@ -111,8 +114,13 @@ class Channel:
         self.channel.start(self.doctor)
 
     def connect(self, *messages: dict[str, Any]) -> socket.socket:
+        """Connect, take the server's challenge, send `messages` (a hello's secret as its proof)."""
         sock = socket.create_connection(self.channel.address, timeout=5)
+        challenge = LineReader(sock).next()
+        assert challenge["t"] == "challenge" and len(challenge["nonce"]) == 32
         for message in messages:
+            if "secret" in message and message["t"] == "hello":
+                message = {**message, "proof": prove(message.pop("secret"), "rank", challenge["nonce"])}
             sock.sendall(encode(message))
         return sock
 
@@ -127,11 +135,16 @@ class Channel:
 
 
 def closed(sock: socket.socket) -> bool:
+    """Whether the server closed the connection in time (whatever it said first)."""
     sock.settimeout(server.HELLO_TIMEOUT_S + 2)
     try:
-        return sock.recv(1) == b""
+        while sock.recv(4096):
+            pass
+        return True
     except ConnectionResetError:
         return True
+    except socket.timeout:
+        return False
     finally:
         sock.close()
 
@@ -217,13 +230,15 @@ def test_another_nodes_guard_of_the_same_job_registers_its_ranks_secret() -> Non
             assert closed(sock)
             return answer
 
-        assert ask("torchrun 127.0.0.1:29401 run8", "their") == {"t": "refused",
-                                                                 "why": "this side channel belongs to another job"}
-        assert ask("torchrun 127.0.0.1:29401 run7", "their") == {"t": "welcome", "why": ""}
-        assert ask("torchrun 127.0.0.1:29401 run7", "third") == {"t": "refused", "why": "the job has all its nodes"}
-        ranked = made.connect(hello(rank=1, secret="their"))
+        theirs, third = "their-secret-0123", "third-secret-456"
+        assert ask("torchrun 127.0.0.1:29401 run8", theirs) == {"t": "refused",
+                                                                "why": "this side channel belongs to another job"}
+        assert ask("torchrun 127.0.0.1:29401 run7", "short") == {"t": "refused", "why": "no secret for its ranks"}
+        assert ask("torchrun 127.0.0.1:29401 run7", theirs) == {"t": "welcome", "why": ""}
+        assert ask("torchrun 127.0.0.1:29401 run7", third) == {"t": "refused", "why": "the job has all its nodes"}
+        ranked = made.connect(hello(rank=1, secret=theirs))
         assert made.wait(lambda: made.channel.connected() == 1)
-        assert closed(made.connect(hello(rank=0, secret="third")))
+        assert closed(made.connect(hello(rank=0, secret=third)))
         ranked.close()
     finally:
         made.channel.close()
@@ -248,3 +263,84 @@ def test_a_rank_splits_a_message_longer_than_a_line_without_repeating_an_item() 
     assert [part.get("steps") for part in sent if "steps" in part] == [[[1, 0.1], [2, 0.1]]]
     assert sum(1 for part in sent if part.get("final")) == 1
     assert rank.split({"t": "state", "hashes": [{"names": ["x" * MAX_LINE]}]}) == []
+
+
+def test_with_a_shared_secret_a_follower_proves_it_and_sends_none() -> None:
+    made = Channel(job="job-1", followers=2)
+    made.channel.shared_secret = True
+    try:
+        for proof_secret, answer in (("wrong-secret-000", "refused"), (SECRET, "welcome")):
+            sock = socket.create_connection(made.channel.address, timeout=5)
+            reader = LineReader(sock)
+            challenge = reader.next()["nonce"]
+            sock.sendall(encode({"t": "follower", "job": "job-1", "proof": prove(proof_secret, "follower", challenge)}))
+            assert reader.next()["t"] == answer
+            assert closed(sock)
+        assert made.channel.secrets == [SECRET]
+    finally:
+        made.channel.close()
+
+
+def test_the_guard_proves_the_secret_back_to_a_rank() -> None:
+    made = Channel()
+    try:
+        sock = socket.create_connection(made.channel.address, timeout=5)
+        reader = LineReader(sock)
+        challenge = reader.next()["nonce"]
+        sock.sendall(encode({"t": "hello", "rank": 0, "world_size": 1, "nonce": "rank-nonce",
+                             "proof": prove(SECRET, "rank", challenge)}))
+        welcome = reader.next()
+        assert welcome["t"] == "welcome" and proves(SECRET, "guard", "rank-nonce", welcome["proof"])
+        assert not proves("another-secret!!", "guard", "rank-nonce", welcome["proof"])
+        sock.close()
+    finally:
+        made.channel.close()
+
+
+IMPOSTOR_RANK = r"""
+import os, sys
+from ddpdoctor.guard.hooks import watch_torch_distributed
+watch_torch_distributed()
+import torch
+import torch.distributed as dist
+dist.init_process_group("gloo", init_method="tcp://127.0.0.1:0", rank=0, world_size=1)
+dist.all_reduce(torch.ones(1))
+print("trained")
+"""
+
+
+def test_a_rank_does_not_obey_an_impostor_on_the_guards_port() -> None:
+    # Something else listens where the guard should: it challenges, accepts anything and says stop.
+    import os
+    import subprocess
+    import sys
+    import threading
+
+    impostor = socket.create_server(("127.0.0.1", 0))
+    heard: list[dict[str, Any]] = []
+
+    def serve() -> None:
+        while True:  # the rank tries as the rendezvous starts and again once it is a rank
+            try:
+                sock, _ = impostor.accept()
+            except OSError:
+                return
+            reader = LineReader(sock)
+            sock.sendall(encode({"t": "challenge", "nonce": "n" * 32}))
+            heard.append(reader.next())
+            sock.sendall(encode({"t": "welcome", "proof": "0" * 64}) + encode({"t": "stop", "why": "impostor"}))
+            sock.close()
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    options = GuardOptions(port=impostor.getsockname()[1], secret=SECRET)
+    env = {**os.environ, "DDPDOCTOR_GUARD": options.to_env()}
+    result = subprocess.run([sys.executable, "-c", IMPOSTOR_RANK], env=env, capture_output=True, text=True,
+                            timeout=120)
+    impostor.close()
+    assert result.returncode == 0 and result.stdout == "trained\n", result.stderr[-2000:]
+    assert "(the side channel did not prove the run's secret); running unguarded" in result.stderr
+    assert "stopping rank" not in result.stderr
+    # It heard a proof, never the secret.
+    assert len(heard) == 2 and SECRET not in json.dumps(heard)
+    assert {h["proof"] for h in heard} == {prove(SECRET, "rank", "n" * 32)}
