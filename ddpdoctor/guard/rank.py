@@ -29,6 +29,10 @@ _start_lock = threading.Lock()
 _fork_hook = False
 
 
+class NotTheGuard(OSError):
+    """Something answered on the guard's port without proving the run's secret."""
+
+
 class LoaderEpoch:
     """One pass over one DataLoader on this rank."""
 
@@ -91,16 +95,24 @@ class RankGuard:
         while True:  # in-code use: rank 0 may still be opening the side channel
             try:
                 sock = socket.create_connection((self.options.host, self.options.port), timeout=patience)
-                break
             except OSError:
                 if time.monotonic() > deadline:
                     raise
                 time.sleep(0.1)
-        try:
-            self.reader = self._handshake(sock)
-        except (OSError, ValueError) as error:
-            sock.close()
-            raise OSError(str(error)) from None
+                continue
+            try:
+                self.reader = self._handshake(sock)
+                break
+            except NotTheGuard:
+                sock.close()
+                raise
+            except (OSError, ValueError) as error:
+                # Closed before the hello was answered (a crowd of other connections pushed this
+                # one out, say): once more, while there is time.
+                sock.close()
+                if time.monotonic() > deadline:
+                    raise OSError(str(error)) from None
+                time.sleep(0.1)
         sock.settimeout(None)
         self.sock = sock
         thread = threading.Thread(target=self._reporter, name="ddpdoctor-guard", daemon=True)
@@ -119,7 +131,7 @@ class RankGuard:
                              "nonce": mine}))
         welcome = reader.next()
         if welcome.get("t") != "welcome" or not proves(self.options.secret, "guard", mine, str(welcome.get("proof"))):
-            raise OSError("the side channel did not prove the run's secret")
+            raise NotTheGuard("the side channel did not prove the run's secret")
         return reader
 
     def _send(self, message: dict[str, Any]) -> None:
