@@ -116,7 +116,14 @@ def test_a_second_guard_on_a_store_another_job_holds_refuses_to_start() -> None:
     first = subprocess.Popen([*GUARD, "--store", f"127.0.0.1:{port}", "--", PY, "-c", "import time; time.sleep(20)"],
                              cwd=REPO, env=guard_env("cli"), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
-        time.sleep(2)
+        deadline = time.monotonic() + 60
+        while True:  # until the first guard listens (a loaded machine starts Python slowly)
+            try:
+                socket_module.create_connection(("127.0.0.1", port), timeout=1).close()
+                break
+            except OSError:
+                assert time.monotonic() < deadline
+                time.sleep(0.1)
         second = guard("--store", f"127.0.0.1:{port}", "--", PY, "-c", "print('ran')")
         assert second.returncode == 2 and second.stdout == ""
         assert second.stderr == (f"ddpdoctor: error: --store 127.0.0.1:{port} is held by another guard: "
