@@ -135,7 +135,14 @@ def test_two_nodes_on_loopback_one_guard_each_and_a_rank_blocked_outside_any_col
     job = {"DDPDOCTOR_GUARD_JOB": f"two-nodes-{mark}"}
     head = start_guard(store, forklaunch(1, "blocked_rank.py", *node, "--node-rank", "0"), mark, tmp + "-0.json",
                        job)
-    time.sleep(1.0)  # node 0's guard listens first: the other guard then points its ranks at it
+    deadline = time.monotonic() + 60
+    while True:  # node 0's guard listens first: the other guard then points its ranks at it
+        try:
+            socket.create_connection(("127.0.0.1", port + 1), timeout=1).close()
+            break
+        except OSError:
+            assert time.monotonic() < deadline
+            time.sleep(0.1)
     other = start_guard(store, forklaunch(1, "blocked_rank.py", *node, "--node-rank", "1"), mark, tmp + "-1.json",
                         job)
     try:
