@@ -305,6 +305,7 @@ import torch
 import torch.distributed as dist
 dist.init_process_group("gloo", init_method="tcp://127.0.0.1:0", rank=0, world_size=1)
 dist.all_reduce(torch.ones(1))
+dist.destroy_process_group()  # else torch's C++ teardown may abort at exit
 print("trained")
 """
 
