@@ -22,6 +22,7 @@ class ProcessStat:
     ppid: int
     pgrp: int
     session: int
+    start: int = 0  # clock ticks after boot: with the pid, names one process even after pid reuse
 
     @property
     def zombie(self) -> bool:
@@ -40,7 +41,7 @@ def read_stat(pid: int) -> Optional[ProcessStat]:
     fields = text[text.rfind(")") + 2:].split()
     try:
         return ProcessStat(pid=pid, state=fields[0], ppid=int(fields[1]), pgrp=int(fields[2]),
-                           session=int(fields[3]))
+                           session=int(fields[3]), start=int(fields[19]))
     except (IndexError, ValueError):
         return None
 
@@ -64,16 +65,25 @@ def children(pid: int) -> list[int]:
     return [p.pid for p in process_table().values() if p.ppid == pid]
 
 
-def descendants(pid: int) -> list[int]:
+def descendants(pid: int, table: Optional[dict[int, ProcessStat]] = None) -> list[int]:
     """Every process below `pid`, nearest first (Horovod's runner puts a shell and a middleman
     between us and a rank)."""
-    table = process_table()
+    return below({pid}, process_table() if table is None else table)
+
+
+def below(roots: "set[int]", table: dict[int, ProcessStat]) -> list[int]:
+    """Every process of `table` below any of `roots`, nearest first."""
+    by_parent: dict[int, list[int]] = {}
+    for stat in table.values():
+        by_parent.setdefault(stat.ppid, []).append(stat.pid)
     found: list[int] = []
-    frontier = {pid}
+    seen = set(roots)
+    frontier = list(roots)
     while frontier:
-        kids = [p.pid for p in table.values() if p.ppid in frontier and p.pid not in found]
+        kids = [kid for parent in frontier for kid in by_parent.get(parent, ()) if kid not in seen]
+        seen.update(kids)
         found.extend(kids)
-        frontier = set(kids)
+        frontier = kids
     return found
 
 

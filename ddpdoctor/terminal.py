@@ -36,3 +36,16 @@ def plain_table(headers: Sequence[str], rows: Iterable[Sequence[str]]) -> list[s
         cells = [cell.ljust(widths[i]) if i < len(row) - 1 else cell for i, cell in enumerate(row)]
         lines.append("  ".join(cells).rstrip())
     return lines
+
+
+# C0 controls, DEL and C1 controls: what a terminal may act on (escape sequences, a carriage return
+# that hides a line's start). Tabs and newlines too: one record is one line.
+_CONTROL = {c: f"\\x{c:02x}" for c in (*range(0x20), 0x7F)}
+_CONTROL.update({c: f"\\u{c:04x}" for c in range(0x80, 0xA0)})
+_CONTROL.update({0x2028: "\\u2028", 0x2029: "\\u2029"})
+
+
+def escape_controls(text: str) -> str:
+    """`text` with every control character written as an escape (`\\x1b`), so that text from a socket,
+    a file or the environment cannot move the cursor, recolour or rewrite a terminal's lines."""
+    return text.translate(_CONTROL)

@@ -84,3 +84,15 @@ def test_a_command_name_with_parentheses_and_spaces_is_parsed(tmp_path) -> None:
     finally:
         proc.kill()
         proc.wait()
+
+
+def test_start_times_and_descent_from_several_roots(family) -> None:
+    (grandchild,) = procfs.children(family.pid)
+    table = procfs.process_table()
+    me = table[os.getpid()]
+    assert 0 < me.start <= table[family.pid].start <= table[grandchild].start  # clock ticks since boot
+    assert procfs.read_stat(os.getpid()).start == me.start  # stable: with the pid, it names one process
+    assert procfs.below({family.pid}, table) == [grandchild]
+    assert procfs.below({family.pid, grandchild}, table) == []  # roots are not their own descendants
+    mine = procfs.below({os.getpid()}, table)
+    assert mine.index(family.pid) < mine.index(grandchild)

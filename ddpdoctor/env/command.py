@@ -10,24 +10,11 @@ import click
 
 from ddpdoctor.findings import Severity, worst_severity
 from ddpdoctor.terminal import use_color
+from ddpdoctor.usage import Bounded, OneLineErrors, check_writable, usage_error
 
-EXIT_CLEAN, EXIT_FINDINGS, EXIT_USAGE = 0, 1, 2
-
-
-def _usage_error(message: str) -> click.exceptions.Exit:
-    click.echo(f"ddpdoctor: error: {message}", err=True)
-    return click.exceptions.Exit(EXIT_USAGE)
-
-
-class OneLineErrors(click.Command):
-    """Usage errors as one line on stderr and exit 2, like the rest of ddpdoctor, instead of
-    click's three-line usage block."""
-
-    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
-        try:
-            return super().parse_args(ctx, args)
-        except click.UsageError as error:
-            raise _usage_error(f"env: {error.format_message()}") from None
+EXIT_CLEAN, EXIT_FINDINGS = 0, 1
+# More ranks than any node runs: a typo, not a plan (the checks compare it with the GPU count).
+MAX_NPROC = 4096
 
 
 @click.command(cls=OneLineErrors, context_settings={"help_option_names": ["-h", "--help"]})
@@ -40,7 +27,7 @@ class OneLineErrors(click.Command):
 )
 @click.option(
     "--nproc",
-    type=click.IntRange(min=1),
+    type=Bounded(1, MAX_NPROC, integer=True),
     default=None,
     help="Ranks you will start on this node (checks GPU count, compute mode, OMP_NUM_THREADS).",
 )
@@ -65,6 +52,8 @@ def env(
 
     Exit status: 0 when nothing at warning or above, 1 otherwise, 2 on a usage error.
     """
+    if output_file:
+        check_writable(output_file, "--output-file")
     from ddpdoctor.env import collect_env, diagnose
     from ddpdoctor.env.render import PLAIN_WIDTH, to_json, to_text
 
@@ -81,7 +70,7 @@ def env(
         try:
             Path(output_file).write_text(text + "\n", encoding="utf-8")
         except OSError as error:
-            raise _usage_error(f"cannot write {output_file}: {error.strerror or error}") from None
+            raise usage_error(f"cannot write {output_file}: {error.strerror or error}") from None
     else:
         click.echo(text)
     worst = worst_severity(findings)

@@ -326,7 +326,7 @@ def _launch_variables(env: dict[str, str]) -> list[Finding]:
                     details={rank: values[rank], size: values[size]},
                 )
             )
-    if values.get("LOCAL_WORLD_SIZE", 0) > values.get("WORLD_SIZE", 1 << 62):
+    if "LOCAL_WORLD_SIZE" in values and "WORLD_SIZE" in values and values["LOCAL_WORLD_SIZE"] > values["WORLD_SIZE"]:
         findings.append(
             make_finding(
                 "ENV016",
@@ -335,7 +335,7 @@ def _launch_variables(env: dict[str, str]) -> list[Finding]:
                 details={"LOCAL_WORLD_SIZE": values["LOCAL_WORLD_SIZE"], "WORLD_SIZE": values["WORLD_SIZE"]},
             )
         )
-    if values.get("LOCAL_RANK", -1) > values.get("RANK", 1 << 62):
+    if "LOCAL_RANK" in values and "RANK" in values and values["LOCAL_RANK"] > values["RANK"]:
         findings.append(
             make_finding(
                 "ENV016",

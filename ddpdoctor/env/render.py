@@ -3,6 +3,7 @@ paste-into-an-issue text (ASCII tables, '## ' headings, no ANSI codes) everywher
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import json
 from typing import Any, Optional, Sequence
@@ -17,6 +18,7 @@ from ddpdoctor.env.report import EnvReport, GpuInfo
 from ddpdoctor.env.topology import LEGEND, P2P_LEGEND
 from ddpdoctor.findings import Finding
 from ddpdoctor.report import ReportContext, render as render_findings
+from ddpdoctor.terminal import escape_controls
 
 NA = "n/a"
 PLAIN_WIDTH = 132
@@ -25,15 +27,38 @@ PLAIN_WIDTH = 132
 UNWRAPPED_WIDTH = 100_000
 
 
+# json.dumps escapes C0 controls; with ensure_ascii=False (names stay readable) DEL, the C1 controls
+# and the Unicode line separators would pass raw.
+_JSON_CONTROL = {c: f"\\u{c:04x}" for c in (0x7F, *range(0x80, 0xA0), 0x2028, 0x2029)}
+
+
 def to_json(report: EnvReport, findings: Sequence[Finding]) -> str:
     payload: dict[str, Any] = report.to_dict()
     payload["findings"] = [f.to_dict() for f in sorted(findings, key=Finding.sort_key)]
-    return json.dumps(payload, indent=2, ensure_ascii=False, default=str)
+    return json.dumps(payload, indent=2, ensure_ascii=False, default=str).translate(_JSON_CONTROL)
+
+
+def escaped(value: Any) -> Any:
+    """`value` (a report, a finding, their fields) with every string's control characters escaped:
+    launch variables, host and interface names come from the environment and may hold anything."""
+    if isinstance(value, str):
+        return escape_controls(value)
+    if isinstance(value, list):
+        return [escaped(v) for v in value]
+    if isinstance(value, tuple):
+        return tuple(escaped(v) for v in value)
+    if isinstance(value, dict):
+        return {escaped(k): escaped(v) for k, v in value.items()}
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        changes = {f.name: escaped(getattr(value, f.name)) for f in dataclasses.fields(value) if f.init}
+        return dataclasses.replace(value, **changes)
+    return value
 
 
 def to_text(
     report: EnvReport, findings: Sequence[Finding], color: bool, width: Optional[int] = None
 ) -> str:
+    report, findings = escaped(report), [escaped(f) for f in findings]
     buffer = io.StringIO()
     console = Console(
         file=buffer,

@@ -10,26 +10,29 @@ import click
 
 from ddpdoctor.guard.options import GuardOptions
 from ddpdoctor.guard.report import Printer, report_dict
+from ddpdoctor.usage import Bounded, OneLineErrors, check_writable, usage_error
 
 
-def _fail(message: str) -> click.exceptions.Exit:
-    click.echo(f"ddpdoctor: error: {message}", err=True)
-    return click.exceptions.Exit(2)
+# Bounds: past them a value is a typo (a week's stall timeout is already no timeout at all).
+MAX_STALL_S = 7 * 24 * 3600.0
+MAX_EVERY = 10 ** 9
+MAX_WINDOW = 100_000
 
 
-@click.command(context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False,
+@click.command(cls=OneLineErrors,
+               context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False,
                                  "help_option_names": ["-h", "--help"]})
-@click.option("--stall-timeout", type=click.FloatRange(min=0.5), default=60.0, show_default=True,
+@click.option("--stall-timeout", type=Bounded(0.5, MAX_STALL_S), default=60.0, show_default=True,
               help="Seconds some ranks may wait in a collective for the others before GRD002.")
-@click.option("--every", type=click.IntRange(min=1), default=100, show_default=True,
+@click.option("--every", type=Bounded(1, MAX_EVERY, integer=True), default=100, show_default=True,
               help="Compare parameter and buffer hashes every N optimizer steps (GRD003).")
-@click.option("--straggler-window", type=click.IntRange(min=3), default=20, show_default=True,
+@click.option("--straggler-window", type=Bounded(3, MAX_WINDOW, integer=True), default=20, show_default=True,
               help="Optimizer steps over which step times are compared (GRD006).")
 @click.option("--on-stall", type=click.Choice(["stop", "report"]), default="stop", show_default=True,
               help="Stop the job after a stall is diagnosed, or only report it.")
 @click.option("--store", metavar="HOST:PORT",
               help="Where the side channel listens (default: loopback, or next to a multi-node rendezvous port).")
-@click.option("--report", "report_file", type=click.Path(dir_okay=False, writable=True),
+@click.option("--report", "report_file", type=click.Path(dir_okay=False),
               help="Write the JSON report to this file.")
 @click.option("--format", "output_format", type=click.Choice(["text", "json"]), default="text", show_default=True,
               help="json: print the report on stdout (the command's own stdout goes to stderr).")
@@ -47,9 +50,11 @@ def guard(stall_timeout: float, every: int, straggler_window: int, on_stall: str
     more batches (GRD005), that is a straggler (GRD006) or uses the wrong GPU (GRD007). Exit status:
     the command's own when it failed, else 1 with findings, 0 without, 2 for a usage error.
     """
+    if report_file:
+        check_writable(report_file, "--report")  # before the job runs, not after
     if analyze_dumps is not None:
         if command:
-            raise _fail("--analyze reads dumps and runs no command: drop the command or --analyze")
+            raise usage_error("--analyze reads dumps and runs no command: drop the command or --analyze")
         from ddpdoctor.guard.flight.analyze import main as analyze
 
         raise click.exceptions.Exit(analyze(analyze_dumps, output_format, report_file))
@@ -61,7 +66,7 @@ def guard(stall_timeout: float, every: int, straggler_window: int, on_stall: str
     try:
         outcome = run(command, options, printer, store=store, stdout_to_stderr=output_format == "json")
     except UsageError as error:
-        raise _fail(str(error)) from None
+        raise usage_error(str(error)) from None
     payload = report_dict(outcome.command, outcome.exit_code, outcome.world_size, outcome.findings)
     if outcome.role == "follower":
         payload["diagnosed_by"] = outcome.store
@@ -69,7 +74,9 @@ def guard(stall_timeout: float, every: int, straggler_window: int, on_stall: str
         try:
             Path(report_file).write_text(json.dumps(payload, indent=2) + "\n", encoding="utf-8")
         except OSError as error:
-            raise _fail(f"cannot write {report_file}: {error.strerror or error}") from None
+            usage_error(f"cannot write {report_file}: {error.strerror or error}")
+            # The job's own failure still says what happened to the job.
+            raise click.exceptions.Exit(outcome.exit_code or 2) from None
     if output_format == "json":
         click.echo(json.dumps(payload, indent=2))
     else:

@@ -13,11 +13,15 @@ import threading
 import time
 from collections import Counter, deque
 from dataclasses import dataclass, field
-from typing import Any, Callable, Optional
+from typing import TYPE_CHECKING, Any, Callable, Optional
 
 from ddpdoctor.catalog import rule_info
 from ddpdoctor.findings import Finding, Severity
+from ddpdoctor.guard.notices import Notices
 from ddpdoctor.guard.options import GuardOptions
+
+if TYPE_CHECKING:
+    from ddpdoctor.guard.schema import Hello
 
 Send = Callable[[int, dict[str, Any]], None]
 Fingerprint = tuple[str, str, str, int]  # op, signature, path, line
@@ -27,6 +31,9 @@ GUARD_CODES = ("GRD001", "GRD002", "GRD003", "GRD004", "GRD005", "GRD006", "GRD0
 INCOMPLETE_AFTER_S = 1.0
 STACK_WAIT_S = 1.5
 STRAGGLER_SAMPLES = 4
+# How much longer than the stall timeout ranks may wait in init_process_group for one that has not
+# even said hello: on a loaded machine, starting Python and importing torch takes a while.
+STARTUP_GRACE_S = 20.0
 
 
 def _name_and_severity(code: str) -> tuple[str, Severity]:
@@ -79,8 +86,11 @@ class _Pending:
 
 class Doctor:
     def __init__(self, options: GuardOptions, send: Send, on_finding: Callable[[Finding], None],
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic, notices: Optional[Notices] = None) -> None:
         self.options = options
+        self.notices = notices or Notices()
+        # Set when the diagnosis itself failed: the job goes on, undiagnosed from then on.
+        self.broken = False
         self.send = send
         self.on_finding = on_finding
         self.clock = clock
@@ -104,42 +114,50 @@ class Doctor:
 
     # ------------------------------------------------------------------ input
 
+    def join(self, hello: "Hello") -> None:
+        """A rank that proved the run's secret (the server fixed the world size and checked the rank)."""
+        with self.lock:
+            self.ranks[hello.rank] = RankState(hello.rank, hello.world_size, hello.local_rank, hello.host)
+            self.world_size = hello.world_size
+
     def ingest(self, rank: int, message: dict[str, Any]) -> None:
+        """One message from a joined rank, as schema.message checked it."""
         with self.lock:
             state = self.ranks.get(rank)
-            kind = message.get("t")
-            if kind == "hello":
-                self.ranks[rank] = RankState(rank, int(message.get("world_size", 0)), message.get("local_rank"),
-                                             str(message.get("host", "")))
-                self.world_size = max(self.world_size, int(message.get("world_size", 0)))
-                return
             if state is None:
                 return
-            if kind == "stack":
-                state.stacks.append([tuple(f) for f in message.get("frames", [])])  # type: ignore[misc]
-                return
-            if kind != "state":
+            if message["t"] == "stack":
+                state.stacks.append(message["frames"])
+                del state.stacks[:-8]
                 return
             now = self.clock()
             for group, seq, op, signature, path, line in message.get("ev", ()):
-                self.sequence.setdefault(group, {}).setdefault(seq, {})[rank] = (op, signature, path, int(line))
+                fingerprint = (op, signature, path, line)
+                self.sequence.setdefault(group, {}).setdefault(seq, {})[rank] = fingerprint
                 self.first_seen.setdefault((group, seq), now)
                 state.next_seq[group] = max(state.next_seq.get(group, 0), seq + 1)
-                state.recent[(group, seq)] = (op, signature, path, int(line))
+                state.recent[(group, seq)] = fingerprint
                 if len(state.recent) > 16:
                     del state.recent[next(iter(state.recent))]
-            inflight = message.get("inflight")
-            state.inflight = None if not inflight else (inflight[0], int(inflight[1]), now - float(inflight[2]))
+            inflight = message["inflight"]
+            state.inflight = None if inflight is None else (inflight[0], inflight[1], now - inflight[2])
             for step, seconds in message.get("steps", ()):
-                self.steps.setdefault(int(step), {})[rank] = float(seconds)
+                self.steps.setdefault(step, {})[rank] = seconds
             for entry in message.get("hashes", ()):
-                self.hashes.setdefault(int(entry["step"]), {})[rank] = entry
+                self.hashes.setdefault(entry["step"], {})[rank] = entry
             state.loaders.update(message.get("loaders", {}))
             for item in message.get("local", ()):
                 self._local(rank, item, now)
-            state.progress = int(message.get("progress", state.progress))
+            state.progress = message["progress"]
             if message.get("final"):
                 state.finished = True
+
+    def fail(self, error: BaseException) -> None:
+        """The diagnosis raised: say so once, and leave the job alone from then on."""
+        self.broken = True
+        self.stop_requested = None
+        self.notices.warn("internal", f"internal error in the guard's diagnosis ({type(error).__name__}: {error}); "
+                                      "the job goes on undiagnosed")
 
     def disconnected(self, rank: int) -> None:
         with self.lock:
@@ -150,6 +168,14 @@ class Doctor:
     # ------------------------------------------------------------------ diagnosis
 
     def tick(self, final: bool = False) -> None:
+        if self.broken:
+            return
+        try:
+            self._tick(final)
+        except Exception as error:  # noqa: BLE001 - the guard's own bug must not end the user's job
+            self.fail(error)
+
+    def _tick(self, final: bool) -> None:
         with self.lock:
             self._uneven_batches()
             self._mismatches(final)
@@ -170,7 +196,7 @@ class Doctor:
         return finding
 
     def _group_ranks(self, group: str) -> list[int]:
-        if group == "W":
+        if group in ("W", "init"):
             return list(range(self.world_size))
         return [int(r) for r in group.split(",") if r]
 
@@ -260,6 +286,8 @@ class Doctor:
             kinds = {(calls[r][0], calls[r][1]) for r in waiting if r in calls}
             if not missing and len(kinds) <= 1:
                 continue  # everyone is in the same collective: slow, not stalled
+            if group == "init" and now - since < timeout + STARTUP_GRACE_S and missing - set(self.ranks):
+                continue  # a rank that has not said hello yet may still be starting (importing torch)
             if now < self.stall_quiet_until:
                 return
             self.reported.add("GRD002")

@@ -8,6 +8,7 @@ findings on its own stderr; a stall stops every rank through the side channel.
 from __future__ import annotations
 
 import os
+import secrets
 import sys
 import threading
 import time
@@ -15,12 +16,13 @@ from dataclasses import replace
 from datetime import timedelta
 from typing import Any, Optional
 
-from ddpdoctor.guard.options import ENV, GuardOptions
+from ddpdoctor.guard.options import ENV, SECRET_ENV, GuardOptions
 
 _host: Optional[Any] = None
 # Where rank 0 publishes the side channel's port in the job's store, and how long the others wait
 # for it: rank 0 publishes right after its own init_process_group returns.
 PORT_KEY = "ddpdoctor/guard/side-channel-port"
+SECRET_KEY = "ddpdoctor/guard/side-channel-secret"
 PORT_WAIT_S = 60.0
 
 
@@ -64,25 +66,31 @@ def meet_rank0(options: GuardOptions, rank: int) -> Optional[GuardOptions]:
     """
     store = _job_store()
     if rank == 0:
+        # The secret the other ranks must show: drawn here, handed over through the job's own store
+        # (or DDPDOCTOR_GUARD_SECRET, set by the user on every rank, when there is no store).
+        secret = os.environ.get(SECRET_ENV) or (secrets.token_hex(16) if store is not None else "")
         try:
-            port = host_doctor(options, any_port=store is not None)
+            port = host_doctor(replace(options, secret=secret), any_port=store is not None) if secret else 0
         except OSError as error:
             sys.stderr.write(f"ddpdoctor guard: rank 0 cannot open the guard's side channel on "
                              f"{options.host}:{options.port} ({error}); running unguarded\n")
             port = 0
         if store is not None:
+            store.set(SECRET_KEY, secret)
             store.set(PORT_KEY, str(port))  # 0 tells the others to run unguarded without waiting
-        return replace(options, port=port) if port else None
+        return replace(options, port=port, secret=secret) if port else None
     if store is None:
-        return options  # a torch without the store API: the configured port, as rank 0 tried first
+        secret = os.environ.get(SECRET_ENV, "")
+        return replace(options, secret=secret) if secret else None
     try:
         store.wait([PORT_KEY], timedelta(seconds=PORT_WAIT_S))
         port = int(store.get(PORT_KEY))
+        secret = store.get(SECRET_KEY).decode() if port else ""
     except Exception as error:  # noqa: BLE001 - never break the user's job
         sys.stderr.write(f"ddpdoctor guard: rank {rank} did not hear from the guard on rank 0 ({error}); "
                          f"running unguarded\n")
         return None
-    return replace(options, port=port) if port else None
+    return replace(options, port=port, secret=secret) if port else None
 
 
 def _job_store() -> Optional[Any]:
@@ -105,11 +113,11 @@ def host_doctor(options: GuardOptions, any_port: bool = False) -> int:
     from ddpdoctor.guard.server import SideChannel
 
     try:
-        channel = SideChannel(options.host, options.port)
+        channel = SideChannel(options.host, options.port, options.secret)
     except OSError:
         if not any_port:
             raise
-        channel = SideChannel(options.host, 0)
+        channel = SideChannel(options.host, 0, options.secret)
     doctor = Doctor(options, channel.send, Printer())
     channel.start(doctor)
     _host = (channel, doctor)

@@ -66,7 +66,38 @@ def multinode_store(command: Sequence[str]) -> Optional[tuple[str, int]]:
         if ":" not in endpoint:
             endpoint += ":29400"  # torchrun's default rendezvous port
         host, port = parse_address(endpoint)
+        if port > 65534:
+            raise AddressError(f"no port after {endpoint!r} for the side channel")
         return host, port + 1
     if "master-addr" in options:
-        return options["master-addr"], int(options.get("master-port", "29500")) + 1
+        master_port = options.get("master-port", "29500")
+        if not master_port.isdigit() or int(master_port) > 65534:
+            raise AddressError(f"expected a port after --master-port, got {master_port!r}")
+        return options["master-addr"], int(master_port) + 1
     return None
+
+
+# Nodes a job may have when nothing says how many: the bound on the other guards one host accepts.
+MAX_NODES = 64
+
+
+def job_identity(command: Sequence[str], environ: Optional[dict[str, str]] = None) -> tuple[str, int]:
+    """What names this job to the other nodes' guards, and how many nodes it may have.
+
+    DDPDOCTOR_GUARD_JOB when the user set it (on every node); else a multi-node torchrun's
+    rendezvous (endpoint and id, as every node's command repeats them); else ("", 1): a one-node job,
+    which no other guard may join.
+    """
+    from ddpdoctor.guard.options import JOB_ENV
+
+    options = launcher_options(command)
+    most = options.get("nnodes", "1").rpartition(":")[2]
+    nodes = min(int(most), MAX_NODES) if most.isdigit() and int(most) > 0 else 1
+    given = (os.environ if environ is None else environ).get(JOB_ENV, "")
+    if given:
+        return given, nodes if nodes > 1 else MAX_NODES
+    store = multinode_store(command)
+    if store is None:
+        return "", 1
+    run_id = options.get("rdzv-id") or options.get("run-id") or "none"
+    return f"torchrun {store[0]}:{store[1]} {run_id}", nodes

@@ -8,11 +8,16 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any, Optional
 
 # The side channel's address and the options, as the ranks inherit them.
 ENV = "DDPDOCTOR_GUARD"
+# Optional, set by the user on every node of a multi-node job: the secret that authenticates the
+# ranks and the other nodes' guards (else each guard draws its own), and the job's identity (else
+# derived from torchrun's rendezvous options).
+SECRET_ENV = "DDPDOCTOR_GUARD_SECRET"
+JOB_ENV = "DDPDOCTOR_GUARD_JOB"
 # Set in a process once its guard is active, so that a nested `ddpdoctor guard` or a second
 # `guard.install()` does not guard the same rank twice.
 ACTIVE_ENV = "DDPDOCTOR_GUARD_ACTIVE"
@@ -34,6 +39,9 @@ class GuardOptions:
     flush_interval: float = 0.5
     # In-code use without the `guard` command: rank 0 hosts the side channel and the doctor.
     rank0_hosts: bool = False
+    # What a rank's hello must carry: handed down in the environment (DDPDOCTOR_GUARD), which only
+    # the job's own user can read (/proc/PID/environ), never on a command line.
+    secret: str = field(default="", repr=False)
 
     def to_env(self) -> str:
         return json.dumps(asdict(self), separators=(",", ":"))
@@ -47,5 +55,10 @@ class GuardOptions:
             data: dict[str, Any] = json.loads(raw)
         except ValueError:
             return None
-        known = {f.name for f in fields(cls)}
-        return cls(**{k: v for k, v in data.items() if k in known})
+        if not isinstance(data, dict):
+            return None
+        known = {f.name: f.type for f in fields(cls)}
+        try:
+            return cls(**{k: v for k, v in data.items() if k in known})
+        except TypeError:
+            return None

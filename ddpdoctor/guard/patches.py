@@ -56,9 +56,19 @@ def _wrap_init(init: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(init)
     def init_process_group(*args: Any, **kwargs: Any) -> Any:
         global _late_start_tried
-        result = init(*args, **kwargs)
-        _late_start_tried = True  # one attempt per process: a guard that cannot be reached costs once
         options = GuardOptions.from_env()
+        guard = _joining(options, kwargs) if options is not None else None
+        started = time.monotonic()
+        if guard is not None:
+            # Waiting in the rendezvous is waiting for the other ranks: a stall like any other.
+            path, line = frames.user_frame(sys._getframe(1))
+            guard.inflight = ("init", guard.record("init", "init_process_group", "", path, line), started)
+        try:
+            result = init(*args, **kwargs)
+        finally:
+            if guard is not None:
+                guard.after_wait(started)
+        _late_start_tried = True  # one attempt per process: a guard that cannot be reached costs once
         if options is not None:
             try:
                 rank.start(options)
@@ -67,6 +77,21 @@ def _wrap_init(init: Callable[..., Any]) -> Callable[..., Any]:
         return result
 
     return init_process_group
+
+
+def _joining(options: GuardOptions, kwargs: dict[str, Any]) -> "rank.RankGuard | None":
+    """The guard that says hello before the rendezvous: already there (started when torch.distributed
+    was imported in a torchrun worker), or started now from the rank the call or the launcher names."""
+    if rank.current is not None:
+        return None if rank.current.joined or rank.current.closed else rank.current
+    try:
+        given = kwargs.get("rank"), kwargs.get("world_size")
+        number, world = (given if all(isinstance(v, int) and v >= 0 for v in given)
+                         else (rank.int_env("RANK"), rank.int_env("WORLD_SIZE")))
+        return rank.start_early(options, number, world)
+    except Exception as error:  # noqa: BLE001 - never break the user's job
+        _debug(error)
+        return None
 
 
 def _group_index(function: Callable[..., Any]) -> int:
@@ -92,8 +117,8 @@ def _wrap_collective(name: str, function: Callable[..., Any], tensor_type: type)
     @functools.wraps(function)
     def collective(*args: Any, **kwargs: Any) -> Any:
         guard = rank.current
-        if guard is None and not _late_start_tried:
-            guard = _late_start()
+        if (guard is None or not guard.joined) and not _late_start_tried:
+            guard = _late_start()  # also when it said hello early but the group began another way
         if guard is None or guard.closed:
             return function(*args, **kwargs)
         group = kwargs.get("group") if "group" in kwargs else (args[group_at] if 0 <= group_at < len(args) else None)

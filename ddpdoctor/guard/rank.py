@@ -21,11 +21,16 @@ from typing import Any, Optional
 
 from ddpdoctor.guard import frames
 from ddpdoctor.guard.options import ACTIVE_ENV, GuardOptions
-from ddpdoctor.guard.wire import LineReader, encode
+from ddpdoctor.guard.wire import MAX_LINE, LineReader, encode, nonce, prove, proves
 
 # The one guard of this process, once it is a rank (after init_process_group).
 current: Optional["RankGuard"] = None
 _start_lock = threading.Lock()
+_fork_hook = False
+
+
+class NotTheGuard(OSError):
+    """Something answered on the guard's port without proving the run's secret."""
 
 
 class LoaderEpoch:
@@ -75,35 +80,69 @@ class RankGuard:
         self.group_keys: dict[int, tuple[str, Any]] = {}
         self.main_ident = threading.main_thread().ident
         self.sock: Optional[socket.socket] = None
+        self.reader: Optional[LineReader] = None
         self.send_lock = threading.Lock()
         self.flush_lock = threading.Lock()
         self.last_sent = 0.0
         self.closed = False
+        # False while the rank said hello before init_process_group returned.
+        self.joined = False
 
     # ------------------------------------------------------------------ connection
 
-    def connect(self) -> None:
-        deadline = time.monotonic() + 10
+    def connect(self, patience: float = 10.0) -> None:
+        deadline = time.monotonic() + patience
         while True:  # in-code use: rank 0 may still be opening the side channel
             try:
-                sock = socket.create_connection((self.options.host, self.options.port), timeout=10)
-                break
+                sock = socket.create_connection((self.options.host, self.options.port), timeout=patience)
             except OSError:
                 if time.monotonic() > deadline:
                     raise
                 time.sleep(0.1)
+                continue
+            try:
+                self.reader = self._handshake(sock)
+                break
+            except NotTheGuard:
+                sock.close()
+                raise
+            except (OSError, ValueError) as error:
+                # Closed before the hello was answered (a crowd of other connections pushed this
+                # one out, say): once more, while there is time.
+                sock.close()
+                if time.monotonic() > deadline:
+                    raise OSError(str(error)) from None
+                time.sleep(0.1)
         sock.settimeout(None)
         self.sock = sock
-        self._send({"t": "hello", "rank": self.rank, "world_size": self.world_size, "local_rank": self.local_rank,
-                    "pid": os.getpid(), "host": socket.gethostname()})
         thread = threading.Thread(target=self._reporter, name="ddpdoctor-guard", daemon=True)
         thread.start()
         atexit.register(self.close)
+
+    def _handshake(self, sock: socket.socket) -> LineReader:
+        """Prove the run's secret on the guard's challenge, and have the guard prove it back on ours:
+        the secret itself never travels, and an impostor on the guard's port gets nothing to obey."""
+        reader = LineReader(sock)
+        challenge = reader.next()
+        mine = nonce()
+        sock.sendall(encode({"t": "hello", "rank": self.rank, "world_size": self.world_size,
+                             "local_rank": self.local_rank, "pid": os.getpid(), "host": socket.gethostname(),
+                             "proof": prove(self.options.secret, "rank", str(challenge.get("nonce"))),
+                             "nonce": mine}))
+        welcome = reader.next()
+        if welcome.get("t") != "welcome" or not proves(self.options.secret, "guard", mine, str(welcome.get("proof"))):
+            raise NotTheGuard("the side channel did not prove the run's secret")
+        return reader
 
     def _send(self, message: dict[str, Any]) -> None:
         if self.sock is None or self.closed:
             return
         data = encode(message)
+        if len(data) > MAX_LINE:
+            # Longer than the guard reads: in two messages, each list item sent once.
+            for part in split(message):
+                self._send(part)
+            return
         with self.send_lock:
             try:
                 self.sock.sendall(data)
@@ -123,12 +162,12 @@ class RankGuard:
             pass
 
     def _reporter(self) -> None:
-        assert self.sock is not None
-        reader = LineReader(self.sock)
+        assert self.sock is not None and self.reader is not None
+        reader = self.reader
         while not self.closed:
             try:
-                readable, _, _ = select.select([self.sock], [], [], self.options.flush_interval)
-                if readable:
+                readable, _, _ = select.select([self.sock], [], [], 0 if reader.ready else self.options.flush_interval)
+                if readable or reader.ready:
                     for message in reader.read():
                         self._handle(message)
             except (OSError, ValueError, ConnectionError):
@@ -275,45 +314,97 @@ def start(options: GuardOptions) -> Optional[RankGuard]:
     """Become a guarded rank (called after init_process_group); None if the guard cannot run."""
     global current
     with _start_lock:
-        if current is not None:
+        if current is not None and current.joined:
             return current
-        if os.environ.get(ACTIVE_ENV) == str(os.getpid()):
+        if current is None and os.environ.get(ACTIVE_ENV) == str(os.getpid()):
             return None
         import torch.distributed as dist
 
         if not dist.is_initialized():
             return None
         frames.skip_torch_frames()
-        job_rank = dist.get_rank()
-        if options.rank0_hosts:
-            from ddpdoctor.guard.inprocess import meet_rank0
+        job_rank, world_size = dist.get_rank(), dist.get_world_size()
+        guard = current
+        if guard is not None and (guard.closed or (guard.rank, guard.world_size) != (job_rank, world_size)):
+            guard.close()  # said hello as another rank than the process group made it: start over
+            guard = current = None
+        if guard is None:
+            if options.rank0_hosts:
+                from ddpdoctor.guard.inprocess import meet_rank0
 
-            met = meet_rank0(options, job_rank)
-            if met is None:
+                met = meet_rank0(options, job_rank)
+                if met is None:
+                    return None
+                options = met
+            guard = RankGuard(options, job_rank, world_size, int_env("LOCAL_RANK"), int_env("LOCAL_WORLD_SIZE"))
+            try:
+                guard.connect()
+            except OSError as error:
+                sys.stderr.write(f"ddpdoctor guard: rank {guard.rank} cannot reach the guard at "
+                                 f"{options.host}:{options.port} ({error}); running unguarded\n")
                 return None
-            options = met
-        local_rank = _int_env("LOCAL_RANK")
-        guard = RankGuard(options, job_rank, dist.get_world_size(),
-                          local_rank if local_rank is not None else None, _int_env("LOCAL_WORLD_SIZE"))
-        try:
-            guard.connect()
-        except OSError as error:
-            sys.stderr.write(f"ddpdoctor guard: rank {guard.rank} cannot reach the guard at "
-                             f"{options.host}:{options.port} ({error}); running unguarded\n")
-            return None
-        os.environ[ACTIVE_ENV] = str(os.getpid())
-        current = guard
-        # A forked child (a DataLoader worker) is not this rank: it must not record or report.
-        os.register_at_fork(after_in_child=_forget_in_child)
+            _became(guard)
+        guard.joined = True
         from ddpdoctor.guard import patches
 
         patches.patch_training()
         return guard
 
 
+def start_early(options: GuardOptions, rank: Optional[int], world_size: Optional[int]) -> Optional[RankGuard]:
+    """Say hello before init_process_group, as the rank the launcher made this process, so that a
+    rank stuck before or in the rendezvous is seen (and its stack can be asked for). None when the
+    rank is not known yet, or this process is a child of a guarded rank."""
+    if options.rank0_hosts or not options.secret or rank is None or world_size is None:
+        return None
+    if not 0 <= rank < world_size or os.environ.get(ACTIVE_ENV):
+        return None
+    with _start_lock:
+        if current is not None:
+            return current
+        frames.skip_torch_frames()  # torch.distributed is imported: where init_process_group is called from
+        guard = RankGuard(options, rank, world_size, int_env("LOCAL_RANK"), int_env("LOCAL_WORLD_SIZE"))
+        try:
+            guard.connect(patience=2.0)
+        except OSError:
+            return None  # init_process_group tries again, with the rank the process group gives
+        _became(guard)
+        return guard
+
+
+def elastic_worker() -> tuple[Optional[int], Optional[int]]:
+    """(RANK, WORLD_SIZE) in a worker that torch elastic (torchrun) started, else (None, None)."""
+    if "TORCHELASTIC_RUN_ID" not in os.environ or "LOCAL_RANK" not in os.environ:
+        return None, None
+    return int_env("RANK"), int_env("WORLD_SIZE")
+
+
+def _became(guard: RankGuard) -> None:
+    global current, _fork_hook
+    os.environ[ACTIVE_ENV] = str(os.getpid())
+    current = guard
+    if not _fork_hook:
+        _fork_hook = True
+        # A forked child (a DataLoader worker) is not this rank: it must not record or report.
+        os.register_at_fork(after_in_child=_forget_in_child)
+
+
 def _forget_in_child() -> None:
     global current
     current = None
+
+
+def split(message: dict[str, Any]) -> list[dict[str, Any]]:
+    """A state message in two whose items add up to it (the longest list halved), or none when there
+    is nothing to halve (such a message cannot be sent: it is dropped)."""
+    lists = [(len(v), k) for k, v in message.items() if isinstance(v, list) and len(v) > 1]
+    if not lists:
+        return []
+    key = max(lists)[1]
+    items = message[key]
+    half = len(items) // 2
+    head: dict[str, Any] = {k: message[k] for k in ("t", "progress", "inflight") if k in message}
+    return [{**head, key: items[:half]}, {**message, key: items[half:]}]
 
 
 def _drain(queue: "deque[Any]") -> list[Any]:
@@ -331,11 +422,12 @@ def _drain_set(items: set[str]) -> list[str]:
     return taken
 
 
-def _int_env(name: str) -> Optional[int]:
+def int_env(name: str) -> Optional[int]:
     try:
-        return int(os.environ[name])
+        value = int(os.environ[name])
     except (KeyError, ValueError):
         return None
+    return value if 0 <= value < 1 << 20 else None
 
 
 def patch_distributed(module: Any) -> None:
@@ -343,3 +435,6 @@ def patch_distributed(module: Any) -> None:
     from ddpdoctor.guard import patches
 
     patches.patch_collectives(module)
+    options = GuardOptions.from_env()
+    if options is not None:
+        start_early(options, *elastic_worker())

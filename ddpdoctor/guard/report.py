@@ -7,7 +7,7 @@ import sys
 from typing import Any, Optional, Sequence
 
 from ddpdoctor.findings import Finding, Severity
-from ddpdoctor.terminal import use_color
+from ddpdoctor.terminal import escape_controls, use_color
 
 _STYLE = {Severity.ERROR: "bold red", Severity.WARNING: "yellow", Severity.INFO: "cyan"}
 
@@ -34,7 +34,8 @@ def report_dict(command: Sequence[str], exit_code: int, world_size: int, finding
 def plain_line(finding: Finding) -> str:
     ranks = finding.details.get("ranks", [])
     who = ("rank " if len(ranks) == 1 else "ranks ") + ",".join(map(str, ranks)) if ranks else "all ranks"
-    return f"{finding.path}:{finding.line}: {finding.code} [{who}] {finding.message}"
+    # What came over the side channel was escaped when it arrived; escaping again changes nothing.
+    return escape_controls(f"{finding.path}:{finding.line}: {finding.code} [{who}] {finding.message}")
 
 
 class Printer:
@@ -57,10 +58,11 @@ class Printer:
 
         ranks = finding.details.get("ranks", [])
         who = ("rank " if len(ranks) == 1 else "ranks ") + ",".join(map(str, ranks))
+        path = escape(escape_controls(finding.path))
         self.console.print(
-            f"[bold]{escape(finding.path)}:{finding.line}[/bold]: [{_STYLE[finding.severity]}]{finding.code}"
+            f"[bold]{path}:{finding.line}[/bold]: [{_STYLE[finding.severity]}]{finding.code}"
             f"[/{_STYLE[finding.severity]}] [dim]{finding.name}[/dim] [magenta]\\[{who}][/magenta] "
-            f"{escape(finding.message)}")
+            f"{escape(escape_controls(finding.message))}")
 
     def summary(self, findings: Sequence[Finding], world_size: int, exit_code: int) -> None:
         if not findings:

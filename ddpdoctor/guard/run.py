@@ -1,34 +1,44 @@
 """Run the user's launch command under the guard, and make sure nothing of it outlives the run.
 
 The command starts in a session of its own, with the bootstrap directory heading PYTHONPATH and the
-side channel's address in DDPDOCTOR_GUARD; every process it starts inherits both. Ctrl-C and
-SIGTERM are passed on to the whole session. When the doctor asks for a stop (a stalled rank), each
-rank is told to exit through the side channel (that reaches other nodes too) and the local session
-gets SIGTERM, then SIGKILL. After the command ends, anything still in its session is killed.
+side channel's address and the run's secret in DDPDOCTOR_GUARD; every process it starts inherits
+both. The guard is a child subreaper, so that every process of the job stays below it (reaper.py),
+and a supervisor process stops the job if the guard itself is killed. Ctrl-C and SIGTERM are passed
+on to every process of the job; when the doctor asks for a stop (a stalled rank), each rank is told
+to exit through the side channel (that reaches other nodes too), then every local process gets
+SIGTERM, and SIGKILL after the launcher's own grace. After the command ends, anything left of it is
+stopped the same way.
 """
 
 from __future__ import annotations
 
 import os
+import secrets
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
 from dataclasses import dataclass, field, replace
 from types import FrameType
-from typing import Any, Callable, Optional, Sequence
+from typing import IO, Any, Callable, Optional, Sequence
 
 from ddpdoctor.findings import Finding
+from ddpdoctor.guard import reaper
 from ddpdoctor.guard.doctor import Doctor
-from ddpdoctor.guard.launch_args import DEFAULT_HOST, AddressError, multinode_store, parse_address
-from ddpdoctor.guard.options import ACTIVE_ENV, ENV, GuardOptions
+from ddpdoctor.guard.launch_args import DEFAULT_HOST, AddressError, job_identity, multinode_store, parse_address
+from ddpdoctor.guard.notices import Notices
+from ddpdoctor.guard.options import ACTIVE_ENV, ENV, SECRET_ENV, GuardOptions
 from ddpdoctor.guard.server import SideChannel
-from ddpdoctor.procfs import session_members
+from ddpdoctor.guard.wire import LineReader, ProtocolError, encode, prove
 
 BOOTSTRAP_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "bootstrap")
 TICK_S = 0.25
-KILL_GRACE_S = 5.0
+# After the ranks were told to stop through the side channel, how long before they are signalled.
+STOP_ASKED_S = 5.0
+# How long a node's guard waits for node 0's guard to answer at the shared address.
+FOLLOW_WAIT_S = 30.0
 
 
 class UsageError(Exception):
@@ -65,57 +75,113 @@ def guard_env(options: GuardOptions, base: Optional[dict[str, str]] = None) -> d
     env["PYTHONPATH"] = os.pathsep.join(p for p in (BOOTSTRAP_DIR, env.get("PYTHONPATH", "")) if p)
     env[ENV] = options.to_env()
     env.pop(ACTIVE_ENV, None)
+    env.pop(SECRET_ENV, None)  # the ranks read it from DDPDOCTOR_GUARD
     return env
 
 
-def _open_channel(options: GuardOptions, command: Sequence[str], store: Optional[str]) -> tuple[Optional[SideChannel], str, int]:
+def _open_channel(options: GuardOptions, command: Sequence[str], store: Optional[str],
+                  notices: Notices) -> tuple[Optional[SideChannel], str, int, str]:
+    """The side channel this guard hosts, or None when another node's guard of the same job does;
+    returns the channel, its address and the secret the ranks must carry."""
     try:
         explicit = parse_address(store) if store else None
     except AddressError as error:
         raise UsageError(f"--store: {error}") from None
-    derived = explicit or multinode_store(command)
-    host, port = derived or (options.host or DEFAULT_HOST, options.port)
     try:
-        return SideChannel(host, port), host, port
+        derived = explicit or multinode_store(command)
+        job, nodes = job_identity(command)
+    except AddressError as error:
+        raise UsageError(f"the launch command's rendezvous: {error}") from None
+    host, port = derived or (options.host or DEFAULT_HOST, options.port)
+    shared = os.environ.get(SECRET_ENV, "")
+    secret = shared or secrets.token_hex(16)
+    try:
+        channel = SideChannel(host, port, secret, job=job, followers=nodes - 1, shared_secret=bool(shared),
+                              notices=notices)
+        return channel, host, port, secret
     except OSError as error:
         if derived is None:
             raise UsageError(f"cannot listen on {host}:{port}: {error.strerror or error}") from None
-        # Another node's guard already listens there (or the address is not this machine's).
-        return None, host, port
+        reason = error.strerror or str(error)
+    # Another guard listens there: node 0's guard of this job (then this one follows it), or
+    # another job's (then this guard must not join it).
+    _follow(host, port, secret, job, bool(shared), reason)
+    return None, host, port, secret
+
+
+def _follow(host: str, port: int, secret: str, job: str, shared: bool, reason: str) -> None:
+    deadline = time.monotonic() + (FOLLOW_WAIT_S if job else 2.0)
+    while True:
+        try:
+            answer = _ask_host(host, port, secret, job, shared)
+            break
+        except (OSError, ProtocolError) as error:
+            if time.monotonic() > deadline:
+                raise UsageError(f"cannot listen on {host}:{port} ({reason}), and no guard of this job answers "
+                                 f"there ({getattr(error, 'strerror', None) or error})") from None
+            time.sleep(0.5)
+    if answer.get("t") != "welcome":
+        why = answer.get("why") if isinstance(answer.get("why"), str) else "refused"
+        raise UsageError(f"--store {host}:{port} is held by another guard: {why}"[:300])
+
+
+def _ask_host(host: str, port: int, secret: str, job: str, shared: bool) -> dict[str, Any]:
+    """Register with node 0's guard: the job's identity, and the shared secret's proof (or, without
+    one, the secret this node's ranks will prove)."""
+    with socket.create_connection((host, port), timeout=5) as sock:
+        reader = LineReader(sock, limit=4096)
+        challenge = reader.next()
+        hello = {"t": "follower", "job": job, "proof": prove(secret, "follower", str(challenge.get("nonce")))}
+        if not shared:
+            hello["secret"] = secret
+        sock.sendall(encode(hello))
+        return reader.next()
 
 
 def run(command: Sequence[str], options: GuardOptions, on_finding: Callable[[Finding], None],
-        store: Optional[str] = None, stdout_to_stderr: bool = False) -> GuardRun:
+        store: Optional[str] = None, stdout_to_stderr: bool = False, notices: Optional[Notices] = None) -> GuardRun:
     command = resolve(command)
-    channel, host, port = _open_channel(options, command, store)
+    notices = notices or Notices()
+    channel, host, port, secret = _open_channel(options, command, store, notices)
     doctor: Optional[Doctor] = None
     if channel is not None:
         port = channel.address[1]
-        doctor = Doctor(replace(options, host=host, port=port), channel.send, on_finding)
+        doctor = Doctor(replace(options, host=host, port=port), channel.send, on_finding, notices=notices)
         channel.start(doctor)
-    options = replace(options, host=host, port=port)
+    options = replace(options, host=host, port=port, secret=secret)
+    reaper.become_subreaper()
+    supervisor = _start_supervisor()
+    job = reaper.Job(os.getpid(), exclude={supervisor.pid} if supervisor else set())
     try:
         process = subprocess.Popen(command, env=guard_env(options), start_new_session=True,
                                    stdout=sys.stderr.fileno() if stdout_to_stderr else None)
     except OSError as error:
         if channel is not None:
             channel.close()
+        _release_supervisor(supervisor)
         raise UsageError(f"cannot run {command[0]}: {error.strerror or error}") from None
+    _tell(supervisor, f"launcher {process.pid}")
+    job.refresh()  # the launcher is known before any signal arrives
     outcome = GuardRun(command=command, exit_code=0, world_size=0, role="host" if doctor else "follower",
                        store=f"{host}:{port}")
-    saved = _forward_signals(process.pid)
+    received: list[int] = []
+    saved = _forward_signals(job, received)
     try:
-        code = _supervise(process, doctor, channel, outcome)
+        code = _supervise(process, doctor, channel, outcome, job, received)
     finally:
         _restore_signals(saved)
-        _kill_session(process.pid)
+        # Whatever is left of the job (orphans of the launcher, a rank that ignores SIGTERM).
+        reaper.stop(job, None, reap=lambda: reaper.reap_orphans(job, {process.pid}))
+        if process.returncode is None:
+            process.wait()
+        _release_supervisor(supervisor)
     if doctor is not None and channel is not None:
         _drain(channel)
         doctor.tick(final=True)
         channel.close()
         outcome.findings = list(doctor.findings)
         outcome.world_size = doctor.world_size
-    if outcome.stopped:
+    if outcome.stopped and not received:
         outcome.exit_code = 1
     elif code != 0:
         outcome.exit_code = 128 - code if code < 0 else code
@@ -125,26 +191,33 @@ def run(command: Sequence[str], options: GuardOptions, on_finding: Callable[[Fin
 
 
 def _supervise(process: "subprocess.Popen[bytes]", doctor: Optional[Doctor], channel: Optional[SideChannel],
-               outcome: GuardRun) -> int:
+               outcome: GuardRun, job: reaper.Job, received: list[int]) -> int:
     stop_sent: Optional[float] = None
+    reap = lambda: reaper.reap_orphans(job, {process.pid})  # noqa: E731
     while True:
         try:
             return process.wait(timeout=TICK_S)
         except subprocess.TimeoutExpired:
             pass
+        job.watch()
+        reap()
+        if received:
+            # The user's Ctrl-C or SIGTERM was passed on to every process: give the launcher its
+            # grace, then nothing is left.
+            reaper.stop(job, process.pid, signum=0, reap=reap)
+            return process.wait()
         if doctor is None or channel is None:
             continue
         doctor.tick()
         if doctor.stop_requested and stop_sent is None:
             # The ranks exit first, so that the launcher sees failed workers and ends the way it
-            # always does; then the session is signalled, SIGTERM and at last SIGKILL.
+            # always does; then every process of the job is signalled, SIGTERM and at last SIGKILL.
             outcome.stopped = True
             stop_sent = time.monotonic()
             channel.broadcast({"t": "stop", "why": doctor.stop_requested})
-        elif stop_sent is not None:
-            waited = time.monotonic() - stop_sent
-            _signal_session(process.pid, signal.SIGKILL if waited > 2 * KILL_GRACE_S else
-                            signal.SIGTERM if waited > KILL_GRACE_S else 0)
+        elif stop_sent is not None and time.monotonic() - stop_sent > STOP_ASKED_S:
+            reaper.stop(job, process.pid, reap=reap)
+            return process.wait()
 
 
 def _drain(channel: SideChannel, seconds: float = 2.0) -> None:
@@ -154,35 +227,45 @@ def _drain(channel: SideChannel, seconds: float = 2.0) -> None:
         time.sleep(0.05)
 
 
-def _signal_session(pgid: int, signum: int) -> None:
-    if not signum:
+def _start_supervisor() -> "Optional[subprocess.Popen[bytes]]":
+    env = dict(os.environ)
+    env.pop(ENV, None)
+    try:
+        return subprocess.Popen([sys.executable, "-m", "ddpdoctor.guard.supervisor", str(os.getpid())],
+                                stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, start_new_session=True, env=env)
+    except OSError:
+        return None
+
+
+def _tell(supervisor: "Optional[subprocess.Popen[bytes]]", line: str) -> None:
+    stdin: Optional[IO[bytes]] = supervisor.stdin if supervisor else None
+    if stdin is None:
         return
     try:
-        os.killpg(pgid, signum)
+        stdin.write(line.encode() + b"\n")
+        stdin.flush()
     except OSError:
         pass
-    for pid in session_members(pgid):  # those that moved to another process group of the session
-        try:
-            os.kill(pid, signum)
-        except OSError:
-            pass
 
 
-def _kill_session(sid: int) -> None:
-    left = session_members(sid)
-    if not left:
+def _release_supervisor(supervisor: "Optional[subprocess.Popen[bytes]]") -> None:
+    if supervisor is None:
         return
-    _signal_session(sid, signal.SIGKILL)
-    deadline = time.monotonic() + 5
-    while session_members(sid) and time.monotonic() < deadline:
-        time.sleep(0.05)
+    _tell(supervisor, "done")
+    try:
+        if supervisor.stdin:
+            supervisor.stdin.close()
+        supervisor.wait(timeout=5)
+    except (OSError, subprocess.TimeoutExpired):
+        supervisor.kill()
 
 
-def _forward_signals(pgid: int) -> dict[int, Any]:
+def _forward_signals(job: reaper.Job, received: list[int]) -> dict[int, Any]:
     saved: dict[int, Any] = {}
 
     def forward(signum: int, frame: Optional[FrameType]) -> None:
-        _signal_session(pgid, signum)
+        received.append(signum)
+        job.signal(signum)  # no refresh here: the main thread may be in the middle of one
 
     for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
         try:

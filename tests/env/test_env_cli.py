@@ -85,7 +85,8 @@ def test_missing_nccl_backend_is_an_error(runner: CliRunner) -> None:
 
 @pytest.mark.parametrize(
     "args",
-    [["--nproc", "0"], ["--nproc", "two"], ["--backend", "tcp"], ["--format", "xml"], ["--bogus"]],
+    [["--nproc", "0"], ["--nproc", "two"], ["--nproc", "100000"], ["--nproc", "nan"], ["--nproc", "1e20"],
+     ["--nproc", "2.5"], ["--backend", "tcp"], ["--format", "xml"], ["--bogus"]],
 )
 def test_usage_errors_are_one_line_exit_two(runner: CliRunner, args: list[str]) -> None:
     result = runner.invoke(env, args)
@@ -102,6 +103,19 @@ def test_output_file(runner: CliRunner, tmp_path: Path) -> None:
     assert json.loads(target.read_text())["findings"] == []
     bad = runner.invoke(env, ["--output-file", str(tmp_path / "missing" / "env.txt")])
     assert bad.exit_code == 2 and len(bad.output.strip().splitlines()) == 1
+    assert bad.output.startswith("ddpdoctor: error: --output-file: cannot write ")
+    directory = runner.invoke(env, ["--output-file", str(tmp_path)])
+    assert directory.exit_code == 2 and "is a directory" in directory.output
+
+
+def test_nproc_bounds_are_inclusive(runner: CliRunner) -> None:
+    from ddpdoctor.env.command import MAX_NPROC
+
+    assert runner.invoke(env, ["--nproc", str(MAX_NPROC), "--format", "json"]).exit_code in (0, 1)
+    over = runner.invoke(env, ["--nproc", str(MAX_NPROC + 1)])
+    assert over.exit_code == 2
+    assert over.output == (f"ddpdoctor: error: env: Invalid value for '--nproc': '{MAX_NPROC + 1}' is not an integer "
+                           f"from 1 to {MAX_NPROC}\n")
 
 
 def test_real_command_in_a_subprocess_is_plain_when_piped() -> None:

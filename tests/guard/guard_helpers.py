@@ -60,8 +60,10 @@ class GuardResult:
         return matches[0]
 
 
-def start_guard(args: Sequence[str], command: Sequence[str], mark: str, report: str) -> "subprocess.Popen[str]":
-    return subprocess.Popen([*GUARD, "--report", report, *args, "--", *command], cwd=REPO, env=guard_env(mark),
+def start_guard(args: Sequence[str], command: Sequence[str], mark: str, report: str,
+                extra_env: Optional[dict[str, str]] = None) -> "subprocess.Popen[str]":
+    return subprocess.Popen([*GUARD, "--report", report, *args, "--", *command], cwd=REPO,
+                            env={**guard_env(mark), **(extra_env or {})},
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 

@@ -7,6 +7,8 @@ from typing import Any
 import pytest
 
 from ddpdoctor.findings import Finding, Severity
+from ddpdoctor.guard import schema
+from ddpdoctor.guard import doctor as doctor_module
 from ddpdoctor.guard.doctor import Doctor
 from ddpdoctor.guard.options import GuardOptions
 
@@ -20,17 +22,24 @@ class Clock:
 
 
 class Harness:
-    def __init__(self, world: int, **options: Any) -> None:
+    def __init__(self, world: int, joined: "range | tuple[int, ...] | None" = None, **options: Any) -> None:
         self.clock = Clock()
         self.sent: list[tuple[int, dict[str, Any]]] = []
         self.printed: list[Finding] = []
         self.doctor = Doctor(GuardOptions(**options), lambda r, m: self.sent.append((r, m)), self.printed.append,
                              clock=self.clock)
-        for rank in range(world):
-            self.doctor.ingest(rank, {"t": "hello", "rank": rank, "world_size": world, "local_rank": rank})
+        self.world = world
+        for rank in range(world) if joined is None else joined:
+            self.doctor.join(schema.hello({"t": "hello", "rank": rank, "world_size": world, "local_rank": rank,
+                                           "proof": "p",
+                                           "nonce": "n"}))
+
+    def ingest(self, rank: int, message: dict[str, Any]) -> None:
+        """As the server passes it on: checked by the schema first."""
+        self.doctor.ingest(rank, schema.message(message, self.world))
 
     def state(self, rank: int, **fields: Any) -> None:
-        self.doctor.ingest(rank, {"t": "state", "inflight": None, **fields})
+        self.ingest(rank, {"t": "state", "inflight": None, **fields})
 
     def call(self, rank: int, seq: int, op: str, signature: str, line: int, group: str = "W") -> None:
         self.state(rank, ev=[[group, seq, op, signature, "train.py", line]])
@@ -108,13 +117,13 @@ def test_stall_names_the_missing_rank_with_its_stack_and_asks_to_stop() -> None:
     h.doctor.tick()
     assert h.sent == [(1, {"t": "stack"})]
     frames = {"t": "stack", "frames": [["train.py", 27, "load"], ["train.py", 40, "main"]]}
-    h.doctor.ingest(1, frames)
+    h.ingest(1, frames)
     h.doctor.tick()
     assert h.printed == []  # a second sample, a second later, tells stuck from busy
     h.clock.now += 1.0
     h.doctor.tick()
     assert h.sent == [(1, {"t": "stack"})] * 2
-    h.doctor.ingest(1, frames)
+    h.ingest(1, frames)
     h.doctor.tick()
     (finding,) = h.printed
     assert finding.code == "GRD002" and finding.details["ranks"] == [1]
@@ -129,18 +138,18 @@ def test_a_busy_rank_is_not_stalled_until_it_stops_moving() -> None:
     h.state(0, ev=[["W", 0, "barrier", "", "train.py", 9]], inflight=["W", 0, 6.0])
     h.state(1, progress=10)
     h.doctor.tick()
-    h.doctor.ingest(1, {"t": "stack", "frames": [["eval.py", 3, "evaluate"]]})
+    h.ingest(1, {"t": "stack", "frames": [["eval.py", 3, "evaluate"]]})
     h.clock.now += 1.0
     h.state(1, progress=11)  # rank 1 drew another evaluation batch
     h.doctor.tick()
-    h.doctor.ingest(1, {"t": "stack", "frames": [["eval.py", 3, "evaluate"]]})
+    h.ingest(1, {"t": "stack", "frames": [["eval.py", 3, "evaluate"]]})
     h.doctor.tick()
     assert h.printed == [] and h.doctor.stop_requested is None
     h.clock.now += 3.0  # quiet for half the stall timeout, then checked again: now it is stuck
     h.state(0, inflight=["W", 0, 10.0])
     for _ in range(2):
         h.doctor.tick()
-        h.doctor.ingest(1, {"t": "stack", "frames": [["eval.py", 7, "evaluate"]]})
+        h.ingest(1, {"t": "stack", "frames": [["eval.py", 7, "evaluate"]]})
         h.clock.now += 1.0
     h.doctor.tick()
     assert [f.code for f in h.printed] == ["GRD002"] and "rank 1 is at eval.py:7" in h.printed[0].message
@@ -230,7 +239,7 @@ def test_straggler_needs_a_full_window_and_a_consistent_gap() -> None:
     h.doctor.tick()
     assert (2, {"t": "stack"}) in h.sent
     for _ in range(4):
-        h.doctor.ingest(2, {"t": "stack", "frames": [["train.py", 61, "log_histograms"]]})
+        h.ingest(2, {"t": "stack", "frames": [["train.py", 61, "log_histograms"]]})
     h.clock.now += 1
     h.doctor.tick()
     (finding,) = h.printed
@@ -259,3 +268,43 @@ def test_rank_local_findings_are_merged_across_ranks() -> None:
     (finding,) = h.printed
     assert finding.details == {"ranks": [0, 2], "step": 8, "epoch": 1}
     assert (finding.code, finding.name, finding.severity) == ("GRD004", "epoch-order-repeated", Severity.WARNING)
+
+
+def test_a_rank_that_never_reaches_the_rendezvous_is_named_with_its_stack() -> None:
+    h = Harness(2, stall_timeout=5.0)
+    h.state(0, ev=[["init", 0, "init_process_group", "", "train.py", 12]], inflight=["init", 0, 4.9])
+    h.doctor.tick()
+    assert h.sent == []
+    h.state(0, inflight=["init", 0, 5.0])
+    h.doctor.tick()
+    assert h.sent == [(1, {"t": "stack"})]
+    for _ in range(2):
+        h.ingest(1, {"t": "stack", "frames": [["train.py", 8, "<module>"]]})
+        h.clock.now += 1.0
+        h.doctor.tick()
+    (finding,) = h.printed
+    assert finding.code == "GRD002" and finding.details["ranks"] == [1]
+    assert finding.message.startswith("rank 0 waited 7.0 s in init_process_group() at train.py:12, and rank 1 "
+                                      "never arrived: rank 1 is at train.py:8 in <module>")
+
+
+def test_a_rank_that_has_not_said_hello_gets_a_grace_to_start() -> None:
+    h = Harness(3, joined=(0, 2), stall_timeout=5.0)
+    for rank in (0, 2):
+        h.state(rank, ev=[["init", 0, "init_process_group", "", "train.py", 12]], inflight=["init", 0, 0.0])
+    h.clock.now += 5.0 + doctor_module.STARTUP_GRACE_S - 0.1
+    h.doctor.tick()
+    assert h.printed == []  # importing torch on a loaded machine: not yet
+    h.clock.now += 0.2
+    h.doctor.tick()
+    (finding,) = h.printed
+    assert finding.details["ranks"] == [1] and "rank 1 never connected" in finding.message
+    assert finding.message.startswith("ranks 0, 2 waited 25.1 s in init_process_group() at train.py:12")
+
+
+def test_everyone_in_the_rendezvous_is_not_a_stall() -> None:
+    h = Harness(2, stall_timeout=5.0)
+    for rank in (0, 1):
+        h.state(rank, ev=[["init", 0, "init_process_group", "", "train.py", 12]], inflight=["init", 0, 60.0])
+    h.doctor.tick()
+    assert h.printed == [] and h.sent == []

@@ -116,8 +116,8 @@ from ddpdoctor.guard.options import GuardOptions
 from ddpdoctor.guard.server import SideChannel
 from ddpdoctor.guard.hooks import watch_torch_distributed
 
-channel = SideChannel("127.0.0.1", 0)
-options = GuardOptions(port=channel.address[1])
+channel = SideChannel("127.0.0.1", 0, "run-secret")
+options = GuardOptions(port=channel.address[1], secret="run-secret")
 doctor = Doctor(options, channel.send, print)
 channel.start(doctor)
 os.environ["DDPDOCTOR_GUARD"] = options.to_env()

@@ -131,9 +131,20 @@ def test_two_nodes_on_loopback_one_guard_each_and_a_rank_blocked_outside_any_col
     node = ["--nnodes", "2", "--endpoint", f"127.0.0.1:{port}"]
     tmp = os.path.join(os.environ.get("TMPDIR", "/tmp"), f"guard-{mark}")
     started = time.monotonic()
-    head = start_guard(store, forklaunch(1, "blocked_rank.py", *node, "--node-rank", "0"), mark, tmp + "-0.json")
-    time.sleep(1.0)  # node 0's guard listens first: the other guard then points its ranks at it
-    other = start_guard(store, forklaunch(1, "blocked_rank.py", *node, "--node-rank", "1"), mark, tmp + "-1.json")
+    # Not torchrun: the job's identity, which the other node's guard shows node 0's, comes from the user.
+    job = {"DDPDOCTOR_GUARD_JOB": f"two-nodes-{mark}"}
+    head = start_guard(store, forklaunch(1, "blocked_rank.py", *node, "--node-rank", "0"), mark, tmp + "-0.json",
+                       job)
+    deadline = time.monotonic() + 60
+    while True:  # node 0's guard listens first: the other guard then points its ranks at it
+        try:
+            socket.create_connection(("127.0.0.1", port + 1), timeout=1).close()
+            break
+        except OSError:
+            assert time.monotonic() < deadline
+            time.sleep(0.1)
+    other = start_guard(store, forklaunch(1, "blocked_rank.py", *node, "--node-rank", "1"), mark, tmp + "-1.json",
+                        job)
     try:
         first, second = finish(head, tmp + "-0.json", started), finish(other, tmp + "-1.json", started)
     finally:
@@ -197,3 +208,23 @@ def test_guard_installed_in_code_when_its_port_is_taken() -> None:
         port = holder.getsockname()[1]
         result = run_installed_in_code(f"127.0.0.1:{port}")
     assert "cannot reach the guard" not in result.stderr
+
+
+def test_a_rank_that_never_calls_init_process_group_is_named_with_its_stack() -> None:
+    # torchrun's ranks say hello when they import torch.distributed, before the rendezvous: rank 0
+    # waits in init_process_group, rank 1 never gets there, and the report says where it is.
+    torchrun = os.path.join(os.path.dirname(sys.executable), "torchrun")
+    started = time.monotonic()
+    run = run_guard("--stall-timeout", STALL, command=[torchrun, "--standalone", "--nproc-per-node", "2",
+                                                      SCRIPT.format("never_joins.py")])
+    assert run.returncode == 1, run.stderr[-3000:]
+    assert run.codes() == ["GRD002"] and run.report["world_size"] == 2
+    stall = run.finding("GRD002")
+    line = planted("never_joins.py", "GRD002")
+    assert stall["ranks"] == [1]
+    assert (stall["path"], stall["line"]) == (SCRIPT.format("never_joins.py"), line)
+    assert stall["message"].startswith("rank 0 waited ")
+    assert " s in init_process_group() at fixtures/guard/tiny.py:" in stall["message"]
+    assert f"rank 1 never arrived: rank 1 is at fixtures/guard/never_joins.py:{line} in <module>" in stall["message"]
+    assert_stall_diagnosed_in_time(stall)
+    assert time.monotonic() - started < 90
