@@ -119,15 +119,7 @@ def _gather(
                 R.entry(r, R.FAIL, f"rank {r} crashed during {check}: {_last_line(crashed[r])}", traceback=crashed[r], crashed=True)
             )
         elif r in pending:
-            why = " (and rank 0 published no verdict)" if no_decision and r == 0 else ""
-            entries.append(
-                R.entry(
-                    r,
-                    R.FAIL,
-                    f"rank {r} did not report {check} within {waited_for:g}s: hung, dead, or its node was lost{why}",
-                    missing=True,
-                )
-            )
+            entries.append(R.entry(r, R.FAIL, missing_message(r, check, waited_for, no_decision and r == 0), missing=True))
         else:
             entries.append(json.loads(store.get(f"r/{check}/{r}")))
     missing = sorted(pending | set(crashed))
@@ -137,6 +129,13 @@ def _gather(
 def _last_line(text: str) -> str:
     lines = [line for line in text.strip().splitlines() if line.strip()]
     return lines[-1].strip() if lines else "(no message)"
+
+
+def missing_message(rank: int, check: str, waited_for: float, no_decision: bool = False) -> str:
+    """What a rank that went silent during `check` is reported as (here, and by the parent when it
+    had to kill every rank because none was left to report)."""
+    why = " (and rank 0 published no verdict)" if no_decision else ""
+    return f"rank {rank} did not report {check} within {waited_for:g}s: hung, dead, or its node was lost{why}"
 
 
 def missing_advice(missing: list[int]) -> Optional[str]:

@@ -16,8 +16,9 @@ import time
 from datetime import timedelta
 from typing import Any, Iterator
 
+from ddpdoctor.probe.budgets import overall_deadline, phase_budgets
 from ddpdoctor.probe.config import RankConfig
-from ddpdoctor.probe.launch import one_line, overall_deadline
+from ddpdoctor.probe.launch import one_line
 from ddpdoctor.probe.procs import Watchdog, interruptible, kill_descendants, read_rank_files
 from ddpdoctor.probe.rendezvous import LOOPBACK, bound_store
 from ddpdoctor.probe.results import LaunchOutcome
@@ -34,7 +35,7 @@ def launch_horovod(config: RankConfig, nproc: int, grace_s: float) -> LaunchOutc
     store = bound_store(LOOPBACK, 0, world_size=nproc + 1, timeout=timedelta(seconds=config.join_timeout),
                         wait_for_workers=False)
     config = config.with_(out_dir=out_dir, report=False, store_addr=LOOPBACK, store_port=int(store.port))
-    watchdog = Watchdog(out_dir, overall_deadline(config), outcome, grace_s)
+    watchdog = Watchdog(out_dir, overall_deadline(config), outcome, grace_s, phase_budgets(config, nproc))
     watchdog.start()
     started = time.monotonic()
     outcome.started_at = time.time()

@@ -21,8 +21,8 @@ import time
 import uuid
 from typing import Any, Iterator
 
+from ddpdoctor.probe.budgets import overall_deadline, phase_budgets
 from ddpdoctor.probe.config import RankConfig
-from ddpdoctor.probe.linkmap import time_budget
 from ddpdoctor.probe.procs import SIGNALS_FOR_TORCH_ELASTIC, Watchdog, alive, interruptible, read_rank_files
 from ddpdoctor.procfs import children
 from ddpdoctor.probe.registry import checks_for
@@ -52,13 +52,6 @@ def run_id_for(run_id: "str | None", nnodes: int, rdzv_endpoint: "str | None") -
         # Every node must agree on the id without talking first: derive it from the endpoint.
         return "ddpdoctor-" + "".join(c if c.isalnum() else "-" for c in str(rdzv_endpoint))
     return f"ddpdoctor-{uuid.uuid4().hex[:12]}"
-
-
-def overall_deadline(config: RankConfig, world_size: int = 0) -> float:
-    """Upper bound on a run: join, plus each check's worst case (run + exchange + decision wait),
-    plus the link map's own time, which grows with the number of pairs."""
-    links = time_budget(world_size) if "links" in config.checks else 0.0
-    return config.join_timeout + len(config.checks) * (3 * config.timeout + 2) + links + 10
 
 
 def launch(config: RankConfig, nproc: int, nnodes: int, node_rank: int, endpoint: str, local_addr: "str | None",
@@ -106,7 +99,8 @@ def launch(config: RankConfig, nproc: int, nnodes: int, node_rank: int, endpoint
     rank_environment = {"OMP_NUM_THREADS": "1", **loopback_transport(bind_addr, nnodes)}
     saved_environment = {name: os.environ.get(name) for name in rank_environment}
     os.environ.update(rank_environment)
-    watchdog = Watchdog(out_dir, overall_deadline(config, nproc * nnodes), outcome, grace_s)
+    watchdog = Watchdog(out_dir, overall_deadline(config, nproc * nnodes), outcome, grace_s,
+                        phase_budgets(config, nproc * nnodes))
     watchdog.start()
     # The launcher's INFO/WARNING chatter ("Terminating process ... via SIGTERM") is not our output:
     # what matters from it reaches the report.

@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Any, Callable, Optional
 
 from ddpdoctor.probe import results as R
+from ddpdoctor.probe.exchange import missing_advice, missing_message
 from ddpdoctor.probe.results import CheckRecord, LaunchOutcome
 
 
@@ -66,11 +67,17 @@ def merge(outcome: LaunchOutcome, checks: tuple[str, ...], world_size: int,
             rec["ranks"].append(entry)
             rec["ranks"].sort(key=lambda e: e["rank"])
         if rank in hung_ranks:
+            stalled_s = outcome.stalled_pids.get(f.get("pid", -1))
+            if not entry["detail"].get("missing"):
+                # No peer's exchange named it: say what that exchange would have said.
+                entry["message"] = (f"rank {rank} hung during {where}" if stalled_s is None else
+                                    missing_message(rank, where if where in checks else "its start-up", stalled_s))
             entry["status"] = R.FAIL
             entry["detail"].update(missing=True, killed_by_probe=True)
-            if not entry["message"]:
-                entry["message"] = f"rank {rank} hung during {where}"
-            entry["message"] += "; killed by the probe after the other ranks finished"
+            entry["message"] += ("; killed by the probe after the other ranks finished" if stalled_s is None else
+                                 f"; killed by the probe after no rank made progress for {stalled_s:g}s")
+            if stalled_s is not None:  # as the worker advises when its exchange names a rank missing
+                rec["advice"] = missing_advice(sorted(e["rank"] for e in rec["ranks"] if e["detail"].get("missing"))) or ""
         elif rank in root:
             tb = info.get("traceback") or f.get("crashed") or entry["detail"].get("traceback", "")
             last = _last_line(info.get("message", "")) or _last_line(tb)
@@ -85,7 +92,7 @@ def merge(outcome: LaunchOutcome, checks: tuple[str, ...], world_size: int,
         for later in checks[checks.index(name) + 1:]:
             if later not in records:
                 what = "stopped responding" if rank in hung_ranks else "died"
-                reason = f"not run: {R.format_ranks(root or {rank})} {what} during {name}"
+                reason = f"not run: {R.format_ranks((root | hung_ranks) or {rank})} {what} during {name}"
                 records[later] = R.skipped(later, world_size, reason)
     died = root - hung_ranks
     if died:

@@ -162,6 +162,9 @@ class LaunchOutcome:
     interrupted: bool = False
     stop_signal: str = "SIGINT"
     killed_hung_pids: set[int] = field(default_factory=set)
+    # Of those, the ones killed because no rank of this node made progress any more (nobody was left
+    # to report them): pid -> the seconds without progress it was allowed in its phase.
+    stalled_pids: dict[int, float] = field(default_factory=dict)
     deadline_hit: bool = False
     elapsed_s: float = 0.0
     started_at: float = 0.0

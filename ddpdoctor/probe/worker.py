@@ -57,7 +57,9 @@ def quiet_signals() -> None:
 
 
 class RankFile:
-    """This rank's progress, rewritten atomically after every step."""
+    """This rank's progress, rewritten atomically after every step. Each write counts up
+    `progress`: the parent's watchdog judges a rank stuck when that count stops moving for longer
+    than its phase allows (ddpdoctor.probe.procs.ProgressTracker)."""
 
     def __init__(self, out_dir: Optional[str], rank: int, data: dict[str, Any]) -> None:
         self.path = os.path.join(out_dir, f"rank-{rank}.json") if out_dir else None
@@ -65,6 +67,7 @@ class RankFile:
 
     def update(self, **changes: Any) -> None:
         self.data.update(changes)
+        self.data["progress"] = int(self.data.get("progress", 0)) + 1
         if not self.path:
             return
         fd, tmp = tempfile.mkstemp(dir=os.path.dirname(self.path), prefix=".rank-", suffix=".tmp")
@@ -123,6 +126,9 @@ def run_checks(
                     started_group = True
                 except Exception as exc:  # noqa: BLE001
                     raise RuntimeError(f"could not initialise the {session.backend} process group: {first_line(exc)}") from exc
+                # A step of its own: creating the group and running the check each get their bound.
+                rank_file.data["timeline"]["group"] = time.time()
+                rank_file.update()
             mine = implementation.run(ctx)
         except InjectedCrash:
             raise  # the self-test wants this rank really dead

@@ -84,6 +84,61 @@ def test_injected_fault_is_caught_by_the_right_check_and_rank(fault: str, check:
         assert report["failures"] and report["failures"][0]["rank"] == rank
 
 
+def test_one_rank_that_hangs_is_named_by_the_parent_when_nobody_is_left_to_report() -> None:
+    """With one rank (a one-GPU machine) no peer's exchange can name it: the parent sees its progress
+    file stand still past the check's bound (3 x timeout + 2 s = 8 s) and kills it, long before the
+    overall deadline (60 s join + 8 checks x 8 s + 10 s = 134 s)."""
+    run = run_probe("--nproc", "1", "--timeout", TIMEOUT, "--format", "json", "--inject-fault", "hang:0")
+    assert run.returncode == 1, run.stdout + run.stderr
+    report = run.json()
+    assert [c["name"] for c in report["checks"] if c["status"] == "fail"] == ["liveness"], report["verdict"]
+    liveness = run.check("liveness")
+    entry = liveness["ranks"][0]
+    assert entry["detail"]["missing"] is True
+    assert entry["message"] == ("rank 0 did not report liveness within 8s: hung, dead, or its node was lost; "
+                                "killed by the probe after no rank made progress for 8s")
+    assert liveness["advice"].startswith("rank 0 stopped responding.")
+    assert run.check("world")["status"] == "pass"
+    later = run.check("allreduce")
+    assert later["status"] == "skip" and later["summary"] == "not run: rank 0 stopped responding during liveness"
+    assert "rank 0" in report["verdict"]
+    assert run.seconds < 60  # typically ~15 s: 8 s of silence after start-up and the first check
+
+
+def test_every_rank_hanging_at_once_is_named_without_waiting_for_the_deadline() -> None:
+    """All ranks stuck in the same place (a broken link under a collective): nobody reports anybody."""
+    run = run_probe("--nproc", "2", "--timeout", TIMEOUT, "--format", "json", "--inject-fault", "hang:0",
+                    "--inject-fault", "hang:1", "--checks", "world,liveness,allreduce")
+    assert run.returncode == 1, run.stdout + run.stderr
+    liveness = run.check("liveness")
+    assert bad_ranks(liveness) == [0, 1]
+    for entry in liveness["ranks"]:
+        assert entry["message"].endswith("killed by the probe after no rank made progress for 8s"), entry
+    assert liveness["advice"].startswith("ranks 0, 1 stopped responding.")
+    assert run.check("allreduce")["summary"] == "not run: ranks 0, 1 stopped responding during liveness"
+    assert run.seconds < 60  # the overall deadline: 60 s join + 3 checks x 8 s + 10 s = 94 s
+
+
+def test_one_rank_that_crashes_is_reported_as_a_crash() -> None:
+    run = run_probe("--nproc", "1", "--timeout", TIMEOUT, "--format", "json", "--inject-fault", "crash:0",
+                    "--checks", "world,liveness,allreduce")
+    assert run.returncode == 1, run.stdout + run.stderr
+    report = run.json()
+    entry = run.check("liveness")["ranks"][0]
+    assert run.check("liveness")["status"] == "fail"
+    assert "InjectedCrash" in entry["message"] and "killed_by_probe" not in entry["detail"]
+    assert "injected crash on rank 0" in entry["detail"]["traceback"]
+    assert report["failures"] and report["failures"][0]["rank"] == 0
+
+
+def test_one_healthy_rank_passes_every_check() -> None:
+    run = run_probe("--nproc", "1", "--timeout", TIMEOUT, "--format", "json")
+    assert run.returncode == 0, run.stdout + run.stderr
+    report = run.json()
+    assert [c["status"] for c in report["checks"] if c["status"] not in ("pass", "skip")] == [], report["verdict"]
+    assert run.check("liveness")["status"] == "pass"
+
+
 def test_crash_shows_the_traceback_in_text_output() -> None:
     run = run_probe("--nproc", "2", "--timeout", TIMEOUT, "--inject-fault", "crash:0", "--checks", "world,liveness,allreduce")
     assert run.returncode == 1
