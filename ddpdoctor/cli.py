@@ -206,7 +206,9 @@ def lint(
         statistics=statistics,
         sources=sources,
         fixed=run.fixed,
-        quiet=quiet or (use_stdin and fix),
+        # A run whose only news is an error (an unreadable file, a malformed notebook) must not
+        # end in "All checks passed!": the error lines say it all.
+        quiet=quiet or (use_stdin and fix) or (bool(run.errors) and not findings),
     )
     report = _undecodable_names_escaped(render(findings, output_format, context), output_format)
     if output_file:

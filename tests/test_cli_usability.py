@@ -5,13 +5,13 @@ terminal, `explain` by a rule's name."""
 from __future__ import annotations
 
 import json
-import os
 import re
 from pathlib import Path
 
 import pytest
-from click.testing import CliRunner, Result
+from click.testing import CliRunner
 
+from cli_helpers import invoke
 from ddpdoctor.catalog import load_catalog
 from ddpdoctor.cli import main
 
@@ -20,13 +20,6 @@ BUGGY = (ROOT / "examples" / "buggy_train.py").read_text(encoding="utf-8")
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
 
 
-def run(args: list[str], cwd: Path, env: dict[str, str] | None = None) -> Result:
-    old = os.getcwd()
-    os.chdir(cwd)
-    try:
-        return CliRunner().invoke(main, args, env=env, catch_exceptions=False)
-    finally:
-        os.chdir(old)
 
 
 @pytest.fixture
@@ -39,7 +32,7 @@ def project(tmp_path: Path) -> Path:
 
 
 def test_statistics_in_json_are_counts_per_code(project: Path) -> None:
-    result = run(["lint", "--no-cache", "--statistics", "--format", "json", "."], project)
+    result = invoke(["lint", "--no-cache", "--statistics", "--format", "json", "."], project)
     assert result.exit_code == 1
     assert json.loads(result.stdout) == [
         {"code": "DDP001", "name": "missing-set-epoch", "count": 2, "fixable": 2},
@@ -48,13 +41,13 @@ def test_statistics_in_json_are_counts_per_code(project: Path) -> None:
 
 
 def test_statistics_refuse_formats_that_cannot_hold_counts(project: Path) -> None:
-    result = run(["lint", "--no-cache", "--statistics", "--format", "sarif", "."], project)
+    result = invoke(["lint", "--no-cache", "--statistics", "--format", "sarif", "."], project)
     assert result.exit_code == 2
     assert result.stderr.strip() == "ddpdoctor: error: --statistics counts findings per code in text or json, not sarif"
 
 
 def test_output_file_keeps_the_summary_in_a_text_report_and_on_the_terminal(project: Path) -> None:
-    result = run(["lint", "--no-cache", "-o", "report.txt", "train.py"], project)
+    result = invoke(["lint", "--no-cache", "-o", "report.txt", "train.py"], project)
     assert result.exit_code == 1 and result.stdout == ""
     summary = "Found 2 problems (2 warnings) in 1 file. 1 fixable with --fix."
     lines = (project / "report.txt").read_text().splitlines()
@@ -64,41 +57,41 @@ def test_output_file_keeps_the_summary_in_a_text_report_and_on_the_terminal(proj
 
 
 def test_output_file_in_json_stays_pure_json_and_the_terminal_gets_the_summary(project: Path) -> None:
-    result = run(["lint", "--no-cache", "--format", "json", "-o", "report.json", "train.py"], project)
+    result = invoke(["lint", "--no-cache", "--format", "json", "-o", "report.json", "train.py"], project)
     assert result.exit_code == 1 and result.stdout == ""
     assert [f["code"] for f in json.loads((project / "report.json").read_text())] == ["DDP001", "DDP008"]
     assert result.stderr.startswith("Found 2 problems (2 warnings) in 1 file.")
 
 
 def test_output_file_quiet_says_nothing(project: Path) -> None:
-    result = run(["lint", "--no-cache", "-q", "-o", "report.txt", "train.py"], project)
+    result = invoke(["lint", "--no-cache", "-q", "-o", "report.txt", "train.py"], project)
     assert result.exit_code == 1 and result.stdout == "" and result.stderr == ""
     assert "Found" not in (project / "report.txt").read_text()
 
 
 def test_an_unknown_code_in_the_configuration_names_the_file_and_key(project: Path) -> None:
     (project / "pyproject.toml").write_text('[tool.ddpdoctor]\nextend-select = ["DDP001", "DDP0X"]\n')
-    result = run(["lint", "--no-cache", "train.py"], project)
+    result = invoke(["lint", "--no-cache", "train.py"], project)
     assert result.exit_code == 2
     config = project / "pyproject.toml"
     assert result.stderr == (
         f"ddpdoctor: error: {config}: 'extend-select': unknown rule code or prefix 'DDP0X' (see 'ddpdoctor rules')\n"
     )
     (project / "pyproject.toml").write_text('[tool.ddpdoctor.per-file-ignores]\n"tests/*" = ["NOPE1"]\n')
-    result = run(["lint", "--no-cache", "train.py"], project)
+    result = invoke(["lint", "--no-cache", "train.py"], project)
     assert result.exit_code == 2
     assert result.stderr.startswith(f"ddpdoctor: error: {config}: per-file-ignores['tests/*']: unknown rule code")
 
 
 @pytest.mark.parametrize("args", [["."], [], ["./"], ["./train.py", "./jobs"], [".//train.py", "jobs/"]])
 def test_paths_print_without_a_leading_dot_slash(project: Path, args: list[str]) -> None:
-    result = run(["lint", "--no-cache", "-q", *args], project)
+    result = invoke(["lint", "--no-cache", "-q", *args], project)
     paths = sorted({line.split(":")[0] for line in result.stdout.splitlines()})
     assert paths == ["jobs/second.py", "train.py"], result.stdout
 
 
 def test_a_file_named_twice_is_linted_once(project: Path) -> None:
-    result = run(["lint", "--no-cache", "-q", "./train.py", "train.py"], project)
+    result = invoke(["lint", "--no-cache", "-q", "./train.py", "train.py"], project)
     assert len(result.stdout.splitlines()) == 2
 
 

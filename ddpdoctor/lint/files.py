@@ -1,4 +1,5 @@
-"""Finding the files to lint: explicit files as given, folders recursed for `*.py`."""
+"""Finding the files to lint: explicit files as given, folders recursed for `*.py`, `*.pyi` and
+Jupyter notebooks (`*.ipynb`, linted cell by cell)."""
 
 from __future__ import annotations
 
@@ -82,7 +83,7 @@ def discover(paths: Iterable[str], settings: Settings) -> Discovered:
                 and not settings.is_excluded(os.path.join(directory, d))
             )
             for filename in sorted(filenames):
-                if not filename.endswith((".py", ".pyi")):
+                if not filename.endswith((".py", ".pyi", ".ipynb")):
                     continue
                 full = shown(os.path.join(directory, filename))
                 if settings.is_excluded(full) or full in seen or not _is_regular(full):

@@ -57,6 +57,8 @@ _WHOLE_RUN = frozenset({"<env>", "<probe>"})
 def _location(finding: Finding) -> Text:
     """`train.py:12:9: ` for a file; a pseudo path has no lines or columns: `GPU 3: ` for a
     finding about one GPU, nothing for one about the environment as a whole."""
+    if finding.cell is not None:  # a notebook's cell, as ruff shows it: `nb.ipynb:cell 3:5:9: `
+        return Text.assemble((finding.path, "bold"), f":cell {finding.cell}:{finding.line}:{finding.column}: ")
     if not _is_pseudo_path(finding.path):
         return Text.assemble((finding.path, "bold"), f":{finding.line}:{finding.column}: ")
     if finding.path in _WHOLE_RUN:
@@ -203,7 +205,8 @@ def render(findings: Sequence[Finding], context: "ReportContext") -> str:
         split = _split_sources(context.sources, ordered) if context.show_source else {}
         for finding in ordered:
             lines.append(finding_line(finding))
-            frame = code_frame(finding, split[finding.path]) if finding.path in split else []
+            # A notebook's source is its JSON, not the cell the line counts in: no frame.
+            frame = code_frame(finding, split[finding.path]) if finding.path in split and finding.cell is None else []
             if frame:
                 # A blank line after each frame keeps neighbouring findings apart, as in ruff.
                 lines += [*frame, Text("")]
