@@ -70,6 +70,7 @@ def main() -> None:
       ddpdoctor env                  the environment doctor (GPUs, NCCL, launch variables)
       ddpdoctor guard -- CMD ...     run your job with the doctor inside every rank
       ddpdoctor rules / explain CODE the rule catalog
+      ddpdoctor server               the Language Server for editors
     """
 
 
@@ -349,6 +350,21 @@ def explain(code: str, output_format: str) -> None:
         # Piped: the page's own Markdown, which is readable as plain text and greppable.
         click.echo(info.body.rstrip("\n"))
         click.echo(f"\n{header}")
+
+
+# ------------------------------------------------------------------------------------- server
+
+
+@main.command()
+@click.option("--stdio", is_flag=True, help="Speak over standard input and output (the default and only transport).")
+def server(stdio: bool) -> None:
+    """Run the Language Server (LSP over stdio) for editors: diagnostics as you type, fixes as code
+    actions, the rule's page on hover. Needs the 'server' extra: pip install 'ddpdoctor[server]'."""
+    try:
+        from ddpdoctor.lsp.server import serve
+    except ImportError as error:
+        raise fail(f"the server needs pygls and lsprotocol ({(error.name or 'a module').split('.')[0]} is missing): pip install 'ddpdoctor[server]'") from None
+    serve()
 
 
 # ---------------------------------------------------------------------------------- probe and env

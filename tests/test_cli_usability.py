@@ -132,3 +132,14 @@ def test_explain_an_unknown_name_is_a_one_line_error() -> None:
     result = CliRunner().invoke(main, ["explain", "missing-set-epochs"])
     assert result.exit_code == 2
     assert result.stderr == "ddpdoctor: error: unknown rule code or name 'missing-set-epochs' (see 'ddpdoctor rules')\n"
+
+
+def test_server_without_its_extra_is_a_one_line_error() -> None:
+    import subprocess
+    import sys
+
+    code = "import sys; sys.modules['pygls'] = None; from ddpdoctor.cli import main; main(['server'])"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2
+    assert done.stderr == (
+        "ddpdoctor: error: the server needs pygls and lsprotocol (pygls is missing): pip install 'ddpdoctor[server]'\n")

@@ -169,3 +169,21 @@ def test_the_python_api_example_prints_what_is_shown() -> None:
     done = subprocess.run([sys.executable, "-c", code.group(1)], cwd=ROOT, capture_output=True, text=True,
                           timeout=120, check=True)
     assert done.stdout == shown.group(1)
+
+
+def test_every_editor_snippet_starts_the_server_command() -> None:
+    import json
+
+    from ddpdoctor.config import tomllib
+
+    section = README[README.index("## Editors: `ddpdoctor server`"):README.index("## The rules")]
+    blocks = dict(re.findall(r"```(\w+)\n(.*?)```", section, re.DOTALL)[1:])
+    helix = tomllib.loads(blocks["toml"])
+    assert [helix["language-server"]["ddpdoctor"]["command"], *helix["language-server"]["ddpdoctor"]["args"]] == [
+        "ddpdoctor", "server"]
+    assert "ddpdoctor" in helix["language"][0]["language-servers"]
+    assert 'cmd = { "ddpdoctor", "server" }' in blocks["lua"] and 'vim.lsp.enable("ddpdoctor")' in blocks["lua"]
+    manifest = json.loads(blocks["json"])
+    assert manifest["main"] == "extension.js" and "vscode-languageclient" in manifest["dependencies"]
+    assert '{ command: "ddpdoctor", args: ["server"] }' in blocks["js"]
+    main.commands["server"].make_context("server", ["--stdio"])  # what VS Code's client may add
