@@ -205,3 +205,12 @@ def test_github_and_sarif_name_the_cell_not_a_line_of_the_json(copy: Path) -> No
     result = sarif["runs"][0]["results"][0]
     assert "region" not in result["locations"][0]["physicalLocation"]
     assert result["properties"] == {"cell": 6, "cellLine": 3, "cellColumn": 17}
+
+
+def test_untouched_cells_keep_their_exact_source_and_trailing_blank_lines() -> None:
+    text = cells("import torch\n\n", "a = 1\r\nb = 2\n", "x = 1")
+    book = notebook.read(text)
+    written = notebook.write_back(book, text, book.python.replace("x = 1", "x = 2\ny = 3"))
+    assert isinstance(written, str)
+    sources = [cell["source"] for cell in json.loads(written)["cells"]]
+    assert sources == [["import torch\n", "\n"], ["a = 1\r\n", "b = 2\n"], ["x = 2\n", "y = 3"]]

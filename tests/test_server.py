@@ -137,3 +137,26 @@ async def test_wide_characters_are_counted_in_utf16_units(client: LanguageClient
     (diagnostic,) = await open_and_wait(client, path)
     # 𝒙 is one character but two UTF-16 units: `torch` starts at character 8, not 7.
     assert (diagnostic.code, diagnostic.range.start.line, diagnostic.range.start.character) == ("DDP008", 3, 8)
+
+
+@pytest.mark.asyncio
+async def test_a_burst_of_changes_is_linted_at_its_newest_version_only(client: LanguageClient, project: Path) -> None:
+    train = project / "train.py"
+    await open_and_wait(client, train)
+    features = client.protocol.fm.features
+    record = features[types.TEXT_DOCUMENT_PUBLISH_DIAGNOSTICS]
+    versions: list[int | None] = []
+
+    def recording(params: types.PublishDiagnosticsParams) -> None:
+        versions.append(params.version)
+        record(params)
+
+    features[types.TEXT_DOCUMENT_PUBLISH_DIAGNOSTICS] = recording
+    for version in range(2, 12):  # typing: ten changes faster than a lint
+        client.text_document_did_change(types.DidChangeTextDocumentParams(
+            text_document=types.VersionedTextDocumentIdentifier(uri=train.as_uri(), version=version),
+            content_changes=[types.TextDocumentContentChangeWholeDocument(text=BUGGY + f"# {version}\n")]))
+    while not versions or versions[-1] != 11:
+        await client.wait_for_notification(types.TEXT_DOCUMENT_PUBLISH_DIAGNOSTICS)
+    assert versions == sorted(versions) and len(versions) <= 3, versions  # not one lint per keystroke
+    assert len(client.diagnostics[train.as_uri()]) == 2

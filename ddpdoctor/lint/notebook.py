@@ -195,18 +195,17 @@ def write_back(notebook: Notebook, original_text: str, python: str) -> Union[str
         sources[current].append(text)
     if seen != [index + 1 for index in notebook.code_cells] or len(used) != len(notebook.ipython_lines):
         return NotebookError("a fix moved a cell boundary or an IPython line")
+    if seen and sources[seen[-1]][-1:] == [""]:
+        sources[seen[-1]].pop()  # the joined text's final newline, after the last cell's last line
     cells = notebook.document["cells"]
     changed = False
     for index in notebook.code_cells:
         lines = sources[index + 1]
-        while lines and lines[-1] == "":
-            lines.pop()  # the joined text ends each cell with a newline the cell did not have
+        if lines == _source_lines(cells[index], index + 1):
+            continue  # untouched: its source stays exactly as it was (line endings included)
         old = cells[index].get("source", "")
         old_text = "".join(old) if isinstance(old, list) else old
-        keep_final_newline = old_text.endswith("\n")
-        new_text = "\n".join(lines) + ("\n" if keep_final_newline and lines else "")
-        if new_text == old_text:
-            continue
+        new_text = "\n".join(lines) + ("\n" if old_text.endswith("\n") and lines else "")
         changed = True
         cells[index]["source"] = new_text.splitlines(keepends=True) if isinstance(old, list) else new_text
     if not changed:

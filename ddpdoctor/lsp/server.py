@@ -7,6 +7,7 @@ in the client's code units (UTF-16 unless negotiated), which pygls's position co
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional, Sequence
@@ -24,6 +25,7 @@ from ddpdoctor.lsp.linting import ConfigError, DocumentLinter
 
 SOURCE = "ddpdoctor"
 FIX_ALL = "source.fixAll.ddpdoctor"
+DEBOUNCE_S = 0.01  # how long a change waits for the next before it is linted
 _SEVERITY = {
     Severity.ERROR: types.DiagnosticSeverity.Error,
     Severity.WARNING: types.DiagnosticSeverity.Warning,
@@ -42,6 +44,7 @@ class DoctorServer(LanguageServer):
         super().__init__("ddpdoctor", __version__)
         self.linter = DocumentLinter()
         self.published: dict[str, Published] = {}
+        self.latest: dict[str, int] = {}  # the newest version each document has changed to
 
     def document_path(self, document: TextDocument) -> Optional[Path]:
         """The file a document lints as; None for what ddpdoctor does not lint (an untitled
@@ -159,8 +162,15 @@ def build() -> DoctorServer:
         ls.publish(params.text_document.uri)
 
     @server.feature(types.TEXT_DOCUMENT_DID_CHANGE)
-    def did_change(ls: DoctorServer, params: types.DidChangeTextDocumentParams) -> None:
-        ls.publish(params.text_document.uri)
+    async def did_change(ls: DoctorServer, params: types.DidChangeTextDocumentParams) -> None:
+        # Typing sends a change per keystroke: let the ones already waiting be read first (pygls
+        # reads a message a line at a time through the loop), and lint only the newest text: an
+        # older version's diagnostics would be stale on arrival.
+        uri, version = params.text_document.uri, params.text_document.version
+        ls.latest[uri] = version
+        await asyncio.sleep(DEBOUNCE_S)
+        if ls.latest.get(uri) == version:
+            ls.publish(uri)
 
     @server.feature(types.TEXT_DOCUMENT_DID_SAVE)
     def did_save(ls: DoctorServer, params: types.DidSaveTextDocumentParams) -> None:
@@ -174,6 +184,7 @@ def build() -> DoctorServer:
     @server.feature(types.TEXT_DOCUMENT_DID_CLOSE)
     def did_close(ls: DoctorServer, params: types.DidCloseTextDocumentParams) -> None:
         ls.published.pop(params.text_document.uri, None)
+        ls.latest.pop(params.text_document.uri, None)
         ls.text_document_publish_diagnostics(types.PublishDiagnosticsParams(uri=params.text_document.uri, diagnostics=[]))
 
     @server.feature(types.WORKSPACE_DID_CHANGE_WATCHED_FILES)
