@@ -214,3 +214,10 @@ def test_untouched_cells_keep_their_exact_source_and_trailing_blank_lines() -> N
     assert isinstance(written, str)
     sources = [cell["source"] for cell in json.loads(written)["cells"]]
     assert sources == [["import torch\n", "\n"], ["a = 1\r\n", "b = 2\n"], ["x = 2\n", "y = 3"]]
+
+
+def test_the_cache_keeps_the_cells(copy: Path) -> None:
+    first = invoke(["lint", "nb.ipynb"], copy)
+    assert (copy / ".ddpdoctor_cache").exists()
+    second = invoke(["lint", "nb.ipynb"], copy)
+    assert second.stdout == first.stdout and second.stdout.startswith("nb.ipynb:cell 6:3:17: DDP001")
