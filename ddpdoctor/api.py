@@ -53,7 +53,8 @@ def lint_source(
     """Lint one Python source held in memory and return its findings, sorted by position.
 
     `path` is the name findings carry (and what per-file ignores match); the file need not exist
-    and is never read. `source` as bytes is decoded as Python would (BOM, coding cookie).
+    and is never read. A `path` ending in `.ipynb` makes `source` a notebook's JSON: its code cells
+    are linted as one module and each finding's `cell` and `line` say where in it. `source` as bytes is decoded as Python would (BOM, coding cookie).
     `select`/`ignore`/`extend_select` take codes or prefixes (`"DDP001"`, `"HVD"`, `"ALL"`) as
     the command line does; without `select`, the rules that are on by default run. `settings`
     (a `ddpdoctor.config.Settings`, e.g. from `load_settings`) is the base the others apply to.

@@ -97,3 +97,10 @@ def test_lint_paths_errors(tmp_path: Path) -> None:
     (tmp_path / "t.py").write_text(AMP)
     with pytest.raises(ConfigError, match="pyproject.toml: 'select': unknown rule code"):
         lint_paths([tmp_path / "t.py"])
+
+
+def test_lint_source_of_a_notebook_names_the_cell() -> None:
+    notebook = (ROOT / "fixtures" / "notebooks" / "ddp_train.ipynb").read_text(encoding="utf-8")
+    assert [(f.cell, f.line, f.code) for f in lint_source(notebook, "nb.ipynb")] == [(6, 3, "DDP001"), (7, 4, "DDP008")]
+    assert lint_source(notebook, "nb.ipynb")[0].to_dict()["cell"] == 6
+    assert "cell" not in lint_source(BUGGY, "train.py")[0].to_dict()
