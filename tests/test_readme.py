@@ -187,3 +187,19 @@ def test_every_editor_snippet_starts_the_server_command() -> None:
     assert manifest["main"] == "extension.js" and "vscode-languageclient" in manifest["dependencies"]
     assert '{ command: "ddpdoctor", args: ["server"] }' in blocks["js"]
     main.commands["server"].make_context("server", ["--stdio"])  # what VS Code's client may add
+
+
+def test_the_other_command_lines_name_modules_and_scripts_that_exist() -> None:
+    """Lines that run ddpdoctor under another launcher (`torchrun ... -m ddpdoctor.probe`) or a
+    script of this repository (`scripts/install-horovod`)."""
+    import importlib.util
+
+    lines = [line for block in re.findall(r"```(?:console|bash)\n(.*?)```", README, re.DOTALL)
+             for line in block.splitlines() if not line.startswith(("ddpdoctor ", "$ ", "python3 -m venv"))]
+    modules = {m for line in lines for m in re.findall(r"-m (ddpdoctor[\w.]*)", line)}
+    scripts = {s for line in lines for s in re.findall(r"(?:^|\s|=\S*\s)(scripts/[\w-]+)", line)}
+    assert modules == {"ddpdoctor.probe"} and scripts == {"scripts/install-horovod"}
+    for module in modules:
+        assert importlib.util.find_spec(module + ".__main__") is not None, module
+    for script in scripts:
+        assert os.access(ROOT / script, os.X_OK), script
