@@ -14,6 +14,7 @@ import pytest
 
 from cli_helpers import invoke
 from ddpdoctor import lint_paths, lint_source
+from ddpdoctor.findings import Finding
 from ddpdoctor.lint import notebook
 
 FIXTURE = Path(__file__).resolve().parent.parent / "fixtures" / "notebooks" / "ddp_train.ipynb"
@@ -221,3 +222,79 @@ def test_the_cache_keeps_the_cells(copy: Path) -> None:
     assert (copy / ".ddpdoctor_cache").exists()
     second = invoke(["lint", "nb.ipynb"], copy)
     assert second.stdout == first.stdout and second.stdout.startswith("nb.ipynb:cell 6:3:17: DDP001")
+
+
+# ---------------------------------------------------------------- the mapping, piece by piece
+
+MAPPED = cells("import torch\n", "a = 1\nb = 2\n")  # joined: marker, import, marker, a, b
+
+
+def _finding(line: int, end_line: int, message: str = "m", edits: tuple = ()) -> Finding:
+    from ddpdoctor.findings import Fix, Severity
+
+    fix = Fix("do it", True, edits) if edits else None
+    return Finding("DDP008", "n", Severity.WARNING, message, "nb.ipynb", line, 3, end_line, 7, fix)
+
+
+def test_a_finding_maps_its_start_end_and_the_lines_its_message_names() -> None:
+    where = notebook.CellMap.of(notebook.read(MAPPED).python)
+    mapped = where.finding(_finding(4, 5, "see line 2, line 5, ckpt.py line 4 and line 1 and line 99"))
+    assert (mapped.cell, mapped.line, mapped.column, mapped.end_line, mapped.end_column) == (2, 1, 3, 2, 7)
+    assert mapped.message == "see cell 1, line 1, cell 2, line 2, ckpt.py line 4 and line 1 and line 99"
+    across = where.finding(_finding(2, 5))  # ends in another cell: kept to its first line
+    assert (across.cell, across.line, across.end_line, across.end_column) == (1, 1, 1, 3)
+    on_a_marker = where.finding(_finding(3, 3))  # a parse error at the next cell's marker: the line before it
+    assert (on_a_marker.cell, on_a_marker.line) == (1, 1)
+    assert where.place(0) is None and where.place(len(where.places) + 1) is None
+
+
+def test_fix_edits_are_mapped_into_their_cell_or_left_out_of_the_report() -> None:
+    from ddpdoctor.findings import Edit
+
+    where = notebook.CellMap.of(notebook.read(MAPPED).python)
+    inside = where.finding(_finding(4, 4, edits=(Edit(4, 1, 5, 1, "x"), Edit(5, 2, 5, 3, "y"))))
+    assert inside.fix is not None and [(e.line, e.end_line) for e in inside.fix.edits] == [(1, 2), (2, 2)]
+    for outside in (Edit(2, 1, 2, 2, "x"), Edit(3, 1, 3, 1, "x"), Edit(4, 1, 2, 1, "x")):
+        assert where.finding(_finding(4, 4, edits=(outside,))).fix is None, outside
+
+
+def test_write_back_says_why_it_refuses() -> None:
+    text = cells("!ls\nimport torch\n", "x = 1\n")
+    book = notebook.read(text)
+    refusals = {
+        book.python.replace("# %% [ddpdoctor cell 2]\n", ""): "a fix moved a cell boundary or an IPython line",
+        book.python.replace("pass  # ddpdoctor: ipython line 0\n", ""): "a fix moved a cell boundary or an IPython line",
+        "import os\n" + book.python: "a fix wrote above the first cell",
+        book.python.replace("x = 1", "pass  # ddpdoctor: ipython line 0"): "a fix changed an IPython line",
+        book.python.replace("x = 1", "pass  # ddpdoctor: ipython line 7"): "a fix changed an IPython line",
+    }
+    for python, why in refusals.items():
+        refused = notebook.write_back(notebook.read(text), text, python)
+        assert isinstance(refused, notebook.NotebookError) and str(refused) == why
+    assert notebook.write_back(notebook.read(text), text, "\n\n" + book.python) == text  # blank lines above: fine
+
+
+def test_a_changed_cell_keeps_its_final_newline_or_its_lack_of_one() -> None:
+    text = cells("x = 1\n", "y = 1")
+    book = notebook.read(text)
+    written = notebook.write_back(book, text, book.python.replace("x = 1", "x = 2").replace("y = 1", "y = 2"))
+    assert isinstance(written, str)
+    assert [cell["source"] for cell in json.loads(written)["cells"]] == [["x = 2\n"], ["y = 2"]]
+
+
+@pytest.mark.parametrize("language", ["python", "Python3", "ipython3", "ipython"])
+def test_python_kernels_are_linted_and_others_are_not(language: str) -> None:
+    bug = FIXTURE.read_text()
+    assert lint_source(bug, "nb.ipynb") != []
+    named = json.loads(bug)
+    named["metadata"]["language_info"]["name"] = language
+    assert [f.code for f in lint_source(json.dumps(named), "nb.ipynb")] == ["DDP001", "DDP008"]
+    named["metadata"]["language_info"]["name"] = "R"  # the same text under an R kernel: nothing to lint
+    assert lint_source(json.dumps(named), "nb.ipynb") == []
+
+
+def test_json_nested_past_the_parser_is_a_one_line_error(tmp_path: Path) -> None:
+    (tmp_path / "nb.ipynb").write_text("[" * 200_000 + "]" * 200_000)
+    result = invoke(["lint", "--no-cache", "nb.ipynb"], tmp_path)
+    assert result.exit_code == 2
+    assert result.stderr == "ddpdoctor: error: nb.ipynb: not valid JSON: nested too deeply\n"

@@ -89,7 +89,7 @@ def read(text: str) -> Notebook:
         lines.append(_MARKER.format(index + 1))
         hidden = bool(source) and source[0].startswith("%%") and _cell_magic(source[0]) not in _PYTHON_CELL_MAGICS
         for line in source:
-            if hidden or line.startswith("%%") or _IPYTHON_LINE.match(line):
+            if hidden or _IPYTHON_LINE.match(line):  # `%%time` itself is an IPython line too
                 indent = line[: len(line) - len(line.lstrip())]
                 lines.append(indent + _MAGIC_PASS.format(len(magics)))
                 magics.append(line)
