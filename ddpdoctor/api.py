@@ -12,10 +12,13 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Optional, Sequence, Union
+from typing import TYPE_CHECKING, Optional, Sequence, Union
 
 from ddpdoctor.config import Settings, find_config, load_settings
 from ddpdoctor.findings import Finding
+
+if TYPE_CHECKING:
+    from ddpdoctor.lint.engine import FileResult
 
 PathLike = Union[str, "os.PathLike[str]"]
 
@@ -60,13 +63,14 @@ def lint_source(
     (a `ddpdoctor.config.Settings`, e.g. from `load_settings`) is the base the others apply to.
 
     Each finding's `fix` (if any) holds the edits `--fix` would apply (`fix.applicable`: safe).
-    A source that cannot be decoded or parsed gives one `DDP999` finding, never an exception.
+    A source that cannot be decoded or parsed (or a notebook that is not one) gives one `DDP999`
+    finding, never an exception.
     Raises `ddpdoctor.config.ConfigError` (a `ValueError`) for an unknown code.
     """
     from ddpdoctor.lint.engine import lint_source as lint_one
 
     chosen = _settings(settings or Settings(), select, ignore, extend_select, world_size)
-    return sorted(lint_one(source, path, chosen).findings, key=Finding.sort_key)
+    return _findings([lint_one(source, path, chosen)])
 
 
 def lint_paths(
@@ -90,9 +94,9 @@ def lint_paths(
 
     Raises `ddpdoctor.config.ConfigError` (a `ValueError`) for an unknown code or a broken
     configuration file, and `ddpdoctor.lint.files.PathError` for a path that does not exist or
-    cannot be read. A file that cannot be read during the run is reported as a `DDP999` finding.
+    cannot be read. A file that cannot be read during the run (or a notebook that is not one) is
+    reported as a `DDP999` finding.
     """
-    from ddpdoctor.lint.engine import PARSE_ERROR_CODE, given_up
     from ddpdoctor.lint.engine import lint_paths as lint_many
 
     names = [os.fspath(p) for p in paths]
@@ -105,8 +109,16 @@ def lint_paths(
         base = Settings()
     chosen = _settings(base, select, ignore, extend_select, world_size)
     run, _ = lint_many(names or ["."], chosen, jobs=jobs, use_cache=False)
-    unread = [f for r in run.files if r.error for f in given_up(r.path, frozenset({PARSE_ERROR_CODE}), r.error).findings]
-    return sorted([*run.findings, *unread], key=Finding.sort_key)
+    return _findings(run.files)
+
+
+def _findings(results: Sequence["FileResult"]) -> list[Finding]:
+    """Every finding, and a DDP999 for each file that could not be read (or a notebook that is
+    not one), which the command line reports as an error: never silence for an unread file."""
+    from ddpdoctor.lint.engine import PARSE_ERROR_CODE, given_up
+
+    unread = [f for r in results if r.error for f in given_up(r.path, frozenset({PARSE_ERROR_CODE}), r.error).findings]
+    return sorted([f for r in results for f in r.findings] + unread, key=Finding.sort_key)
 
 
 __all__ = ["Finding", "lint_paths", "lint_source"]

@@ -104,3 +104,11 @@ def test_lint_source_of_a_notebook_names_the_cell() -> None:
     assert [(f.cell, f.line, f.code) for f in lint_source(notebook, "nb.ipynb")] == [(6, 3, "DDP001"), (7, 4, "DDP008")]
     assert lint_source(notebook, "nb.ipynb")[0].to_dict()["cell"] == 6
     assert "cell" not in lint_source(BUGGY, "train.py")[0].to_dict()
+
+
+def test_a_notebook_that_is_not_one_is_a_finding_not_silence(tmp_path: Path) -> None:
+    (found,) = lint_source("{not json", "nb.ipynb")
+    assert (found.code, found.path, found.message) == ("DDP999", "nb.ipynb", "nb.ipynb: not valid JSON: Expecting property name enclosed in double quotes at line 1 column 2")
+    (tmp_path / "nb.ipynb").write_text("[]")
+    (found,) = lint_paths([tmp_path], config=False)
+    assert found.code == "DDP999" and "not a Jupyter notebook" in found.message
