@@ -298,3 +298,54 @@ def test_json_nested_past_the_parser_is_a_one_line_error(tmp_path: Path) -> None
     result = invoke(["lint", "--no-cache", "nb.ipynb"], tmp_path)
     assert result.exit_code == 2
     assert result.stderr == "ddpdoctor: error: nb.ipynb: not valid JSON: nested too deeply\n"
+
+
+def test_findings_off_the_cells_go_to_the_nearest_cell_line() -> None:
+    where = notebook.CellMap.of(notebook.read(MAPPED).python)
+    assert [(where.finding(_finding(line, line)).cell, where.finding(_finding(line, line)).line)
+            for line in (1, 3, 5, 6, 40)] == [(1, 1), (1, 1), (2, 2), (2, 3), (2, 3)]
+    first_code_cell_later = json.loads(MAPPED)
+    first_code_cell_later["cells"].insert(0, {"cell_type": "markdown", "metadata": {}, "source": ["# Title"]})
+    where = notebook.CellMap.of(notebook.read(json.dumps(first_code_cell_later)).python)
+    assert (where.finding(_finding(1, 1)).cell, where.finding(_finding(1, 1)).line) == (2, 1)  # too large, say
+    assert notebook.CellMap.of("").finding(_finding(1, 1)).cell == 1
+
+
+@pytest.mark.parametrize(
+    "metadata", [[], {"language_info": "python"}, {"language_info": {"name": 3}}, {"language_info": {}}])
+def test_odd_metadata_is_read_as_python(metadata: object) -> None:
+    book = notebook.read(cells("import torch\n", metadata=metadata))
+    assert "import torch" in book.python
+
+
+def test_cell_magics_hide_their_cell_unless_python() -> None:
+    hidden = notebook.read(cells("%%\nx = 1\n", "%%bash -e\ny = 1\n", "%%  time\nz = 1\n", "%%timeit -n 3\nw = 1\n"))
+    kept = [line for line in hidden.python.splitlines() if not line.startswith(("#", "pass"))]
+    assert kept == ["z = 1", "w = 1"]
+
+
+def test_a_placeholder_past_the_last_ipython_line_is_refused() -> None:
+    text = cells("!ls\nx = 1\n")
+    book = notebook.read(text)
+    refused = notebook.write_back(book, text, book.python.replace("x = 1", "pass  # ddpdoctor: ipython line 1"))
+    assert isinstance(refused, notebook.NotebookError)
+
+
+@pytest.mark.parametrize(
+    "original, expected_start",
+    [
+        ("tab", '{\n\t"cells": [\n\t\t{'),
+        ("minified", '{"cells": [{"cell_type"'),
+        ("raw", '{\n "cells": ['),
+    ],
+)
+def test_the_json_is_written_as_the_original_was(original: str, expected_start: str) -> None:
+    document = json.loads(cells("x = 'é'\n"))
+    text = {"tab": json.dumps(document, indent="\t", ensure_ascii=False),
+            "minified": json.dumps(document),
+            "raw": json.dumps(document, indent=1, ensure_ascii=False) + "\n"}[original]
+    book = notebook.read(text)
+    written = notebook.write_back(book, text, book.python.replace("x = 'é'", "x = 'é2'"))
+    assert isinstance(written, str) and written.startswith(expected_start)
+    assert ("\\u00e9" in written) == (original == "minified") and written.endswith("\n") == (original == "raw")
+    assert json.loads(written)["cells"][0]["source"] == ["x = 'é2'\n"]

@@ -118,19 +118,19 @@ class CellMap:
             if marker:
                 cell, line = int(marker.group(1)), 0
                 places.append(None)
-            else:
+            elif cell:
                 line += 1
                 places.append((cell, line))
+            else:
+                places.append(None)  # above the first cell: only ever blank
         return cls(tuple(places))
 
     def place(self, line: int) -> Optional[tuple[int, int]]:
         return self.places[line - 1] if 1 <= line <= len(self.places) else None
 
     def finding(self, finding: Finding) -> Finding:
-        """The finding at its cell and line. A finding on no cell's line (a parse error past the
-        end) stays on the nearest cell line before it."""
-        start = self.place(finding.line) or self._before(finding.line)
-        cell, line = start
+        """The finding at its cell and line."""
+        cell, line = self._nearest(finding.line)
         end = self.place(finding.end_line)
         end_line, end_column = (end[1], finding.end_column) if end and end[0] == cell else (line, finding.column)
         fix = finding.fix
@@ -146,12 +146,15 @@ class CellMap:
         place = self.place(int(match.group(1)))
         return f"cell {place[0]}, line {place[1]}" if place else match.group(0)
 
-    def _before(self, line: int) -> tuple[int, int]:
-        for index in range(min(line, len(self.places)) - 1, -1, -1):
-            place = self.places[index]
+    def _nearest(self, line: int) -> tuple[int, int]:
+        """The place of `line`, else of the nearest cell line before it (a parse error may point
+        at the next cell's marker, or one line past the end), else the first cell's first line (a
+        finding about the whole notebook, such as one too large to analyse)."""
+        for candidate in range(min(line, len(self.places)), 0, -1):
+            place = self.places[candidate - 1]
             if place is not None:
                 return place
-        return (1, 1)
+        return next((place for place in self.places if place is not None), (1, 1))
 
     def _edits(self, edits: Sequence[Edit], cell: int) -> Optional[tuple[Edit, ...]]:
         """The edits in the finding's cell's own lines; None when one reaches outside that cell
