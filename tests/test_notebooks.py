@@ -349,3 +349,11 @@ def test_the_json_is_written_as_the_original_was(original: str, expected_start: 
     assert isinstance(written, str) and written.startswith(expected_start)
     assert ("\\u00e9" in written) == (original == "minified") and written.endswith("\n") == (original == "raw")
     assert json.loads(written)["cells"][0]["source"] == ["x = 'é2'\n"]
+
+
+def test_nothing_changed_returns_the_original_text_exactly() -> None:
+    document = json.loads(cells("x = 1\n"))
+    odd = json.dumps(document, indent=4, separators=(",", ":"))  # not how it would be written again
+    assert notebook.write_back(notebook.read(odd), odd, notebook.read(odd).python) == odd
+    prose = cells("# Title\n", kind="markdown")  # no code cell at all
+    assert notebook.write_back(notebook.read(prose), prose, notebook.read(prose).python) == prose
