@@ -142,3 +142,12 @@ def load_catalog(directory: Optional[str] = None) -> dict[str, RuleInfo]:
 
 def rule_info(code: str) -> Optional[RuleInfo]:
     return load_catalog().get(code.upper())
+
+
+def find_rule(code_or_name: str) -> Optional[RuleInfo]:
+    """A rule by its code (`DDP001`, any case) or its name (`missing-set-epoch`)."""
+    catalog = load_catalog()
+    info = catalog.get(code_or_name.upper())
+    if info is None:
+        info = next((i for i in catalog.values() if i.name == code_or_name.lower()), None)
+    return info

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, Callable, Optional, Sequence, TypeVar
 import click
 
 from ddpdoctor import __version__
-from ddpdoctor.catalog import CatalogError, load_catalog, rule_info
+from ddpdoctor.catalog import CatalogError, find_rule, load_catalog
 from ddpdoctor.terminal import plain_table, rich_output, use_color
 
 if TYPE_CHECKING:
@@ -70,6 +70,7 @@ def main() -> None:
       ddpdoctor env                  the environment doctor (GPUs, NCCL, launch variables)
       ddpdoctor guard -- CMD ...     run your job with the doctor inside every rank
       ddpdoctor rules / explain CODE the rule catalog
+      ddpdoctor server               the Language Server for editors
     """
 
 
@@ -145,6 +146,8 @@ def lint(
     except ConfigError as error:
         raise fail(str(error)) from None
 
+    if statistics and output_format not in ("text", "json"):
+        raise fail(f"--statistics counts findings per code in text or json, not {output_format}")
     do_fix = fix or diff
     run = RunResult()
     empty_dirs: list[str] = []
@@ -204,7 +207,9 @@ def lint(
         statistics=statistics,
         sources=sources,
         fixed=run.fixed,
-        quiet=quiet or (use_stdin and fix),
+        # A run whose only news is an error (an unreadable file, a malformed notebook) must not
+        # end in "All checks passed!": the error lines say it all.
+        quiet=quiet or (use_stdin and fix) or (bool(run.errors) and not findings),
     )
     report = _undecodable_names_escaped(render(findings, output_format, context), output_format)
     if output_file:
@@ -212,6 +217,12 @@ def lint(
             Path(output_file).write_bytes(report.encode("utf-8", "surrogateescape"))
         except OSError as error:
             raise fail(f"cannot write the report to {output_file}: {error.strerror or error}") from None
+        if not context.quiet:
+            # The file holds the report as stdout would have (a text report ends with its summary;
+            # JSON/SARIF stay pure data); the terminal still says what was found, on stderr.
+            from ddpdoctor.report.text import summary
+
+            click.echo(f"{summary(findings, context).plain} Report written to {output_file}.", err=True)
     elif report:
         stream = sys.stderr if (use_stdin and fix) else sys.stdout
         _write_text(stream, report if report.endswith("\n") else report + "\n")
@@ -265,6 +276,9 @@ def _write_fix(result: "FileResult") -> None:
 
 # ------------------------------------------------------------------------------------ rules/explain
 
+# The six-column `rules` table needs this many columns to leave its summaries room.
+WIDE_RULES_TABLE = 120
+
 
 @main.command()
 @click.option("--format", "output_format", type=click.Choice(["text", "json"]), default="text", show_default=True)
@@ -289,23 +303,35 @@ def rules(output_format: str, show_all: bool) -> None:
         return
     from rich.console import Console
     from rich.table import Table
+    from rich.text import Text
 
+    console = Console(highlight=False, soft_wrap=False)
     table = Table(box=None, header_style="bold", pad_edge=False)
-    for column in headers:
-        table.add_column(column, overflow="fold" if column == "summary" else "ellipsis", no_wrap=column != "summary")
-    for row in rows:
-        table.add_row(*row)
-    Console(highlight=False, soft_wrap=False).print(table)
+    if console.width >= WIDE_RULES_TABLE:
+        for column in headers:
+            table.add_column(column, overflow="fold" if column == "summary" else "ellipsis", no_wrap=column != "summary")
+        for row in rows:
+            table.add_row(*row)
+    else:
+        # Too narrow for six columns (80 columns left the summary 12 characters): each rule is its
+        # code beside its name, facts and summary, which wraps in what is left of the window.
+        table.add_column("code", no_wrap=True)
+        table.add_column("rule", overflow="fold")
+        for code, name, severity, default, fixable, summary in rows:
+            facts = ", ".join(part for part in (severity, f"{default} by default", fixable and f"fix: {fixable}") if part)
+            table.add_row(code, Text.assemble((name, "bold"), (f" ({facts})", "dim"), "\n", summary))
+    console.print(table)
 
 
 @main.command()
 @click.argument("code")
 @click.option("--format", "output_format", type=click.Choice(["text", "json"]), default="text", show_default=True)
 def explain(code: str, output_format: str) -> None:
-    """Show a rule's page: what it catches, why it matters, a bad and a fixed example."""
-    info = rule_info(code.strip())
+    """Show a rule's page (by code or name: DDP001 or missing-set-epoch): what it catches, why it
+    matters, a bad and a fixed example."""
+    info = find_rule(code.strip())
     if info is None:
-        raise fail(f"unknown rule code {code!r} (see 'ddpdoctor rules')")
+        raise fail(f"unknown rule code or name {code!r} (see 'ddpdoctor rules')")
     if output_format == "json":
         click.echo(json.dumps(info.to_dict(), indent=2))
         return
@@ -324,6 +350,21 @@ def explain(code: str, output_format: str) -> None:
         # Piped: the page's own Markdown, which is readable as plain text and greppable.
         click.echo(info.body.rstrip("\n"))
         click.echo(f"\n{header}")
+
+
+# ------------------------------------------------------------------------------------- server
+
+
+@main.command()
+@click.option("--stdio", is_flag=True, help="Speak over standard input and output (the default and only transport).")
+def server(stdio: bool) -> None:
+    """Run the Language Server (LSP over stdio) for editors: diagnostics as you type, fixes as code
+    actions, the rule's page on hover. Needs the 'server' extra: pip install 'ddpdoctor[server]'."""
+    try:
+        from ddpdoctor.lsp.server import serve
+    except ImportError as error:
+        raise fail(f"the server needs pygls and lsprotocol ({(error.name or 'a module').split('.')[0]} is missing): pip install 'ddpdoctor[server]'") from None
+    serve()
 
 
 # ---------------------------------------------------------------------------------- probe and env

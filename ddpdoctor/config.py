@@ -27,7 +27,7 @@ KNOWN_KEYS = frozenset(
 )
 
 
-class ConfigError(Exception):
+class ConfigError(ValueError):
     """A problem with configuration or options; the CLI prints it on one line and exits 2."""
 
 
@@ -208,7 +208,7 @@ def settings_from_table(table: Mapping[str, Any], path: Path) -> Settings:
         value = table[key]
         if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
             raise ConfigError(f"{path}: '{key}' must be a list of rule codes")
-        expand_codes(value)  # validates
+        _known_codes(value, path, repr(key))
         return tuple(value)
 
     exclude = table.get("exclude", [])
@@ -221,7 +221,7 @@ def settings_from_table(table: Mapping[str, Any], path: Path) -> Settings:
     for pattern, codes in raw_per_file.items():
         if not isinstance(codes, list) or not all(isinstance(c, str) for c in codes):
             raise ConfigError(f"{path}: per-file-ignores[{pattern!r}] must be a list of rule codes")
-        expand_codes(codes)
+        _known_codes(codes, path, f"per-file-ignores[{pattern!r}]")
         per_file.append((pattern, tuple(codes)))
     world_size = table.get("world-size")
     if world_size is not None and (not isinstance(world_size, int) or isinstance(world_size, bool) or world_size < 1):
@@ -238,6 +238,14 @@ def settings_from_table(table: Mapping[str, Any], path: Path) -> Settings:
         root=path.parent.resolve(),
         config_path=path,
     )
+
+
+def _known_codes(codes: Iterable[str], path: Path, where: str) -> None:
+    """Validate a configured list of codes; the error names the file and the key it is in."""
+    try:
+        expand_codes(codes)
+    except ConfigError as error:
+        raise ConfigError(f"{path}: {where}: {error}") from None
 
 
 def _positive_number(table: Mapping[str, Any], key: str, path: Path, what: str) -> Optional[float]:

@@ -65,9 +65,11 @@ class Finding:
     source: str = "lint"
     # Free-form extra data for machine consumers (env values, probe measurements).
     details: dict[str, Any] = field(default_factory=dict, compare=False, hash=False)
+    # In a Jupyter notebook: the cell (1-based, among all its cells); `line` is then the line in it.
+    cell: Optional[int] = None
 
-    def sort_key(self) -> tuple[str, int, int, str]:
-        return (self.path, self.line, self.column, self.code)
+    def sort_key(self) -> tuple[str, int, int, int, str]:
+        return (self.path, self.cell or 0, self.line, self.column, self.code)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -83,6 +85,7 @@ class Finding:
             "fix": self.fix.to_dict() if self.fix else None,
             "source": self.source,
             **({"details": self.details} if self.details else {}),
+            **({"cell": self.cell} if self.cell is not None else {}),
         }
 
     @classmethod
@@ -108,6 +111,7 @@ class Finding:
             fix=fix,
             source=data.get("source", "lint"),
             details=data.get("details", {}),
+            cell=data.get("cell"),
         )
 
 

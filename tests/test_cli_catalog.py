@@ -60,7 +60,7 @@ def test_explain_json_and_unknown_code() -> None:
     assert "## Why is this bad?" in payload["body"]
     missing = invoke("explain", "DDP123")
     assert missing.exit_code == 2
-    assert missing.output.strip() == "ddpdoctor: error: unknown rule code 'DDP123' (see 'ddpdoctor rules')"
+    assert missing.output.strip() == "ddpdoctor: error: unknown rule code or name 'DDP123' (see 'ddpdoctor rules')"
 
 
 def test_version() -> None:

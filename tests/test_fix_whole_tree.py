@@ -38,7 +38,8 @@ def certain_fixes_left(folder: Path) -> list[str]:
 
 
 def snapshot(folder: Path) -> dict[str, bytes]:
-    return {p.relative_to(folder).as_posix(): p.read_bytes() for p in sorted(folder.rglob("*.py"))}
+    files = sorted([*folder.rglob("*.py"), *folder.rglob("*.ipynb")])  # notebooks are fixed in their JSON
+    return {p.relative_to(folder).as_posix(): p.read_bytes() for p in files}
 
 
 def read_pins() -> dict[str, str]:

@@ -122,8 +122,8 @@ def test_a_file_name_that_is_not_utf8_is_reported_in_every_format(tmp_path: Path
     assert completed.returncode == 1, completed.stderr
     assert completed.stderr == b""
     if fmt == "json":
-        assert json.loads(completed.stdout)[0]["path"] == "./" + name  # valid UTF-8 JSON, name intact
-        assert os.fsencode(json.loads(completed.stdout)[0]["path"]) == b"./bad\xff.py"
+        assert json.loads(completed.stdout)[0]["path"] == name  # valid UTF-8 JSON, name intact
+        assert os.fsencode(json.loads(completed.stdout)[0]["path"]) == b"bad\xff.py"
     elif fmt == "sarif":
         location = json.loads(completed.stdout)["runs"][0]["results"][0]["locations"][0]["physicalLocation"]
         assert location["artifactLocation"]["uri"].endswith("bad%FF.py")

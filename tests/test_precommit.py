@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -61,3 +63,54 @@ def test_pre_commit_hook_fails_on_bug_and_passes_on_clean(tmp_path: Path) -> Non
     good = try_repo("clean_train.py", "README.md")
     assert good.returncode == 0, good.stdout + good.stderr
     assert "Passed" in good.stdout
+
+
+def readme_snippet() -> dict:
+    import yaml
+
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    block = re.search(r"```yaml\n(# \.pre-commit-config\.yaml\n.*?)```", readme, re.DOTALL)
+    assert block, "the README shows no .pre-commit-config.yaml"
+    config: dict = yaml.safe_load(block.group(1))
+    return config
+
+
+def test_the_readme_snippet_pins_the_release_tag_of_this_version() -> None:
+    from ddpdoctor import __version__
+
+    (repo,) = readme_snippet()["repos"]
+    assert repo["rev"] == f"v{__version__}" and [hook["id"] for hook in repo["hooks"]] == ["ddpdoctor"]
+    tags = subprocess.run(["git", "tag"], cwd=ROOT, capture_output=True, text=True).stdout.split()
+    if tags:  # once releases are tagged, the snippet must name one that exists
+        assert repo["rev"] in tags
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(shutil.which("git") is None, reason="git is required")
+def test_the_readme_snippet_works_with_real_pre_commit(tmp_path: Path) -> None:
+    """The README's .pre-commit-config.yaml, verbatim but for the repository's address: a clone of
+    this one, tagged as a release is, so that its `rev` resolves as it does on GitHub."""
+    import yaml
+
+    config = readme_snippet()
+    (repo,) = config["repos"]
+    clone = tmp_path / "ddpdoctor"
+    subprocess.run(["git", "clone", "-q", str(ROOT), str(clone)], check=True, capture_output=True)
+    git(clone, "-c", "user.email=ci@example.invalid", "-c", "user.name=ci", "tag", repo["rev"])
+    repo["repo"] = str(clone)
+    work = tmp_path / "work"
+    work.mkdir()
+    git(work, "init", "-q")
+    (work / ".pre-commit-config.yaml").write_text(yaml.safe_dump(config))
+    (work / "train.py").write_text(BUGGY)
+    notebook = {"cells": [{"cell_type": "code", "metadata": {}, "outputs": [], "execution_count": None,
+                           "source": BUGGY.splitlines(keepends=True)}],
+                "metadata": {}, "nbformat": 4, "nbformat_minor": 5}
+    (work / "nb.ipynb").write_text(json.dumps(notebook, indent=1))
+    git(work, "add", ".")
+    env = {**os.environ, "PRE_COMMIT_HOME": str(tmp_path / "pre-commit-home"), "NO_COLOR": "1"}
+    done = subprocess.run([sys.executable, "-m", "pre_commit", "run", "--all-files"], cwd=work, env=env,
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "train.py:9:1: DDP008" in done.stdout
+    assert "nb.ipynb:cell 1:9:1: DDP008" in done.stdout

@@ -50,7 +50,7 @@ def test_formats_and_unknown_format() -> None:
 
 def test_lines_sorted_then_summary() -> None:
     assert _text(ALL, files_checked=4) == (
-        "<env>:1:1: ENV001 NCCL_P2P_DISABLE=1\n"
+        "ENV001 NCCL_P2P_DISABLE=1\n"  # no file, so no location
         "a dir/m,o:d é.py:2:1: DDP101 set_epoch() missing\n"
         "train.py:1:1: DDP001 never destroyed\n"
         "train.py:3:9: DDP002 SyncBatchNorm conversion applied after DDP\n"
@@ -218,3 +218,11 @@ def test_windows_line_breaks_in_a_message_leave_no_carriage_return() -> None:
 def test_long_lines_are_not_wrapped_with_color() -> None:
     finding = Finding("DDP009", "n", Severity.ERROR, "word " * 100, "f.py", 1, 1, 1, 2)
     assert len(_text([finding], color=True, quiet=True).splitlines()) == 1
+
+
+def test_findings_without_a_file_print_no_location() -> None:
+    gpu = Finding("ENV002", "gpu-throttled", Severity.WARNING, "GPU 3 is throttled", "<GPU 3>", source="env")
+    probe = Finding("PRB001", "allreduce", Severity.ERROR, "rank 1 is wrong", "<probe>", source="probe")
+    lines = _text([ENV, gpu, probe]).splitlines()
+    assert lines[:3] == ["GPU 3: ENV002 GPU 3 is throttled", "ENV001 NCCL_P2P_DISABLE=1", "PRB001 rank 1 is wrong"]
+    assert not any(":1:1:" in line for line in lines)

@@ -13,7 +13,7 @@ import tokenize
 from dataclasses import dataclass, field
 from io import BytesIO
 from pathlib import Path
-from typing import Iterable, Optional, Sequence, Union
+from typing import Callable, Iterable, Optional, Sequence, Union
 
 import libcst as cst
 
@@ -21,7 +21,7 @@ from ddpdoctor.catalog import rule_info
 from ddpdoctor.config import Settings
 from ddpdoctor.findings import Finding, Severity
 from ddpdoctor.lint import fixes as fixing
-from ddpdoctor.lint import isolation, normalise
+from ddpdoctor.lint import isolation, normalise, notebook
 from ddpdoctor.lint.analysis import ModuleModel, build_analysis
 from ddpdoctor.lint.analysis.imports import ProjectSources
 from ddpdoctor.lint.cache import ResultCache, content_hash
@@ -204,7 +204,26 @@ def lint_bytes(
     unsafe_fixes: bool = False,
     limits: Optional[isolation.Limits] = None,
 ) -> FileResult:
-    """Lint one file's bytes. Never raises: whatever goes wrong is a DDP999 finding for this file."""
+    """Lint one file's bytes. Never raises: whatever goes wrong is a DDP999 finding for this file
+    (or, for a notebook that is not one, an error for this file)."""
+    def lint_python(python: bytes) -> FileResult:
+        return _lint_python(python, path, codes, world_size, fix, project, unsafe_fixes, limits)
+
+    if notebook.is_notebook(path):
+        return _lint_notebook(data, path, codes, limits, lint_python)
+    return lint_python(data)
+
+
+def _lint_python(
+    data: bytes,
+    path: str,
+    codes: frozenset[str],
+    world_size: Optional[int],
+    fix: bool,
+    project: Optional[ProjectSources],
+    unsafe_fixes: bool,
+    limits: Optional[isolation.Limits],
+) -> FileResult:
     limits = limits or isolation.Limits()
     reason = limits.too_large(len(data))
     if reason is not None:
@@ -222,6 +241,44 @@ def lint_bytes(
         )
     except isolation.AnalysisFailed as failed:
         return given_up(path, codes, str(failed), failed.transient)
+
+
+def _lint_notebook(
+    data: bytes,
+    path: str,
+    codes: frozenset[str],
+    limits: Optional[isolation.Limits],
+    lint_python: Callable[[bytes], FileResult],
+) -> FileResult:
+    """A notebook's code cells, joined, linted as one module; findings and fixes mapped back to
+    its cells. A file that is not a notebook is an error (exit 2), never "All checks passed"."""
+    reason = (limits or isolation.Limits()).too_large(len(data))
+    if reason is not None:
+        return given_up(path, codes, reason)
+    text = decode(data, path)
+    if isinstance(text, Finding):
+        return FileResult(path, [], error=f"{path}: not a notebook: {text.message}")
+    try:
+        book = notebook.read(text)
+    except notebook.NotebookError as error:
+        return FileResult(path, [], error=f"{path}: {error}")
+    except notebook.NotPython:
+        return FileResult(path, [], source=text)
+    inner = lint_python(book.python.encode("utf-8"))
+    before = notebook.CellMap.of(book.python)
+    result = dataclasses.replace(inner, findings=[before.finding(f) for f in inner.findings], source=text,
+                                 fixed_source=None, fixed=0, findings_before_fix=[])
+    if inner.fixed_source is None:
+        return result
+    written = notebook.write_back(book, text, inner.fixed_source)
+    unfixed = [before.finding(f) for f in inner.findings_before_fix]
+    if isinstance(written, notebook.NotebookError):
+        result.findings, result.error = unfixed, f"{path}: fixes not written: {written}"
+        return result
+    after = notebook.CellMap.of(inner.fixed_source)
+    result.findings = [after.finding(f) for f in inner.findings]
+    result.findings_before_fix, result.fixed_source, result.fixed = unfixed, written, inner.fixed
+    return result
 
 
 def given_up(path: str, codes: frozenset[str], reason: str, transient: bool = False) -> FileResult:

@@ -1,4 +1,5 @@
-"""Finding the files to lint: explicit files as given, folders recursed for `*.py`."""
+"""Finding the files to lint: explicit files as given, folders recursed for `*.py`, `*.pyi` and
+Jupyter notebooks (`*.ipynb`, linted cell by cell)."""
 
 from __future__ import annotations
 
@@ -36,6 +37,15 @@ def _is_virtualenv(directory: str) -> bool:
     return os.path.isfile(os.path.join(directory, "pyvenv.cfg"))
 
 
+def shown(path: str) -> str:
+    """The name a file is reported under: as given, less any leading `./` (`ddpdoctor lint .`
+    reports `train.py`, as ruff does, not `./train.py`). Only that prefix goes: `a/../b` is kept,
+    since through a symlinked `a` it need not be `b`."""
+    while path.startswith("./") and len(path) > 2:
+        path = path[2:].lstrip("/") or "."
+    return path
+
+
 def discover(paths: Iterable[str], settings: Settings) -> Discovered:
     files: list[str] = []
     empty_dirs: list[str] = []
@@ -52,9 +62,10 @@ def discover(paths: Iterable[str], settings: Settings) -> Discovered:
             # unless the configuration excludes it.
             if settings.is_excluded(raw):
                 continue
-            if raw not in seen:
-                seen.add(raw)
-                files.append(raw)
+            name = shown(raw)
+            if name not in seen:
+                seen.add(name)
+                files.append(name)
             continue
         if not os.access(path, os.R_OK | os.X_OK):
             raise PathError(f"{raw}: permission denied")
@@ -72,9 +83,9 @@ def discover(paths: Iterable[str], settings: Settings) -> Discovered:
                 and not settings.is_excluded(os.path.join(directory, d))
             )
             for filename in sorted(filenames):
-                if not filename.endswith((".py", ".pyi")):
+                if not filename.endswith((".py", ".pyi", ".ipynb")):
                     continue
-                full = os.path.join(directory, filename)
+                full = shown(os.path.join(directory, filename))
                 if settings.is_excluded(full) or full in seen or not _is_regular(full):
                     continue
                 seen.add(full)

@@ -34,7 +34,12 @@ def command(finding: Finding) -> str:
     properties: list[tuple[str, object]] = []
     # A file property GitHub cannot resolve makes the annotation vanish from the PR view; without
     # one it still shows on the workflow run summary, which is where `<env>` findings belong.
-    if not is_pseudo_path(finding.path):
+    if finding.cell is not None:
+        # A notebook: its lines count within a cell, so the annotation names the file and, in
+        # its title, the cell.
+        properties.append(("file", finding.path))
+        properties.append(("title", f"{finding.code} ({finding.name}) at cell {finding.cell}, line {finding.line}"))
+    elif not is_pseudo_path(finding.path):
         properties += [
             ("file", finding.path),
             ("line", finding.line),
@@ -42,7 +47,8 @@ def command(finding: Finding) -> str:
             ("endLine", finding.end_line),
             ("endColumn", finding.end_column),
         ]
-    properties.append(("title", f"{finding.code} ({finding.name})"))
+    if finding.cell is None:
+        properties.append(("title", f"{finding.code} ({finding.name})"))
     rendered = ",".join(f"{key}={escape_property(str(value))}" for key, value in properties)
     return f"::{_COMMAND[finding.severity]} {rendered}::{escape_data(finding.message)}"
 

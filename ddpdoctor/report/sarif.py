@@ -126,6 +126,12 @@ def _result(finding: Finding, rule_index: int) -> dict[str, Any]:
             }
         ],
     }
+    if finding.cell is not None:
+        # A notebook's lines count within a cell, not within the JSON file a viewer would show:
+        # the file alone, and where in it as properties.
+        del result["locations"][0]["physicalLocation"]["region"]
+        result["properties"] = {"cell": finding.cell, "cellLine": finding.line, "cellColumn": finding.column}
+        return result
     if finding.fix is not None and finding.fix.edits:
         result["fixes"] = [
             {

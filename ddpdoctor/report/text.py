@@ -20,6 +20,7 @@ from rich.console import Console
 from rich.text import Text
 
 from ddpdoctor.findings import Finding, Severity
+from ddpdoctor.report.counts import code_counts, is_fixable
 
 if TYPE_CHECKING:
     from ddpdoctor.report import ReportContext
@@ -43,22 +44,32 @@ def plural(count: int, noun: str, nouns: Optional[str] = None) -> str:
     return f"{count} {noun if count == 1 else (nouns or noun + 's')}"
 
 
-def is_fixable(finding: Finding) -> bool:
-    """What `--fix` would apply: an applicable fix that actually edits something."""
-    return finding.fix is not None and finding.fix.applicable and bool(finding.fix.edits)
-
-
 def _is_pseudo_path(path: str) -> bool:
     # `<stdin>` is a file the user wrote; `<env>`/`<probe>` are not. Neither is a file on disk to
     # count in "in N files", except that a lone `<stdin>` check would then read "in 0 files".
     return path.startswith("<") and path.endswith(">") and path != "<stdin>"
 
 
+# Pseudo paths that name the whole run rather than anything in it: shown without a location.
+_WHOLE_RUN = frozenset({"<env>", "<probe>"})
+
+
+def _location(finding: Finding) -> Text:
+    """`train.py:12:9: ` for a file; a pseudo path has no lines or columns: `GPU 3: ` for a
+    finding about one GPU, nothing for one about the environment as a whole."""
+    if finding.cell is not None:  # a notebook's cell, as ruff shows it: `nb.ipynb:cell 3:5:9: `
+        return Text.assemble((finding.path, "bold"), f":cell {finding.cell}:{finding.line}:{finding.column}: ")
+    if not _is_pseudo_path(finding.path):
+        return Text.assemble((finding.path, "bold"), f":{finding.line}:{finding.column}: ")
+    if finding.path in _WHOLE_RUN:
+        return Text("")
+    return Text.assemble((finding.path[1:-1], "bold"), ": ")
+
+
 def finding_line(finding: Finding) -> Text:
     first, *rest = _LINE_BREAK.split(finding.message)
     line = Text.assemble(
-        (finding.path, "bold"),
-        f":{finding.line}:{finding.column}: ",
+        _location(finding),
         (finding.code, SEVERITY_STYLE[finding.severity]),
         " ",
         first,
@@ -118,21 +129,18 @@ def code_frame(finding: Finding, lines: Sequence[str]) -> list[Text]:
 
 def statistics_table(findings: Sequence[Finding]) -> list[Text]:
     """count, code, name per code, most frequent first (ties by code, for stable output)."""
-    counts = Counter(finding.code for finding in findings)
-    names = {finding.code: finding.name for finding in findings}
-    severities = {finding.code: finding.severity for finding in findings}
-    rows = sorted(counts.items(), key=lambda item: (-item[1], item[0]))
+    rows = code_counts(findings)
     if not rows:
         return []
-    count_width = max(len(str(count)) for _, count in rows)
-    code_width = max(len(code) for code, _ in rows)
+    count_width = max(len(str(row.count)) for row in rows)
+    code_width = max(len(row.code) for row in rows)
     return [
         Text.assemble(
-            f"{count:>{count_width}}  ",
-            (f"{code:<{code_width}}", SEVERITY_STYLE[severities[code]]),
-            f"  {names[code]}",
+            f"{row.count:>{count_width}}  ",
+            (f"{row.code:<{code_width}}", SEVERITY_STYLE[row.severity]),
+            f"  {row.name}",
         )
-        for code, count in rows
+        for row in rows
     ]
 
 
@@ -197,7 +205,8 @@ def render(findings: Sequence[Finding], context: "ReportContext") -> str:
         split = _split_sources(context.sources, ordered) if context.show_source else {}
         for finding in ordered:
             lines.append(finding_line(finding))
-            frame = code_frame(finding, split[finding.path]) if finding.path in split else []
+            # A notebook's source is its JSON, not the cell the line counts in: no frame.
+            frame = code_frame(finding, split[finding.path]) if finding.path in split and finding.cell is None else []
             if frame:
                 # A blank line after each frame keeps neighbouring findings apart, as in ruff.
                 lines += [*frame, Text("")]

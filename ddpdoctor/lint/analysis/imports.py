@@ -350,6 +350,24 @@ class ProjectSources:
                     add(self.resolve(path, f"{base}.{name}" if base else name, level))
         return found
 
+    def forget(self, path: Union[str, Path]) -> None:
+        """Drop what was read, parsed or worked out from `path`, because its text changed (the
+        editor server's document, a file saved beside it). Everything that never read it stays
+        warm: the other modules' parses, resolutions and models."""
+        try:
+            path = _absolute(Path(path))
+        except (OSError, ValueError):
+            return
+        self._modules.pop(path, None)
+        self._unparsable.discard(path)
+        self._digests.pop(path, None)
+        self._absent.discard(path)
+        self._resolved = {key: value for key, value in self._resolved.items() if path not in value[1]}
+        self._memo = {
+            key: value for key, value in self._memo.items()
+            if path not in value[1] and not (isinstance(key, tuple) and path in key)
+        }
+
     # ---- per-run memo
 
     def memo(self, key: Hashable, compute: Callable[[], T]) -> T:
