@@ -17,7 +17,7 @@ PACKAGE = "ddpdoctor.lint.analysis"
 
 # Bottom first. A module may import only the ones before it.
 LAYERS = ["syntax", "imports", "model", "conditions", "callorder", "reads", "harness", "launch", "ranks", "devices", "summaries",
-          "sharding", "project"]
+          "sharding", "evaluation", "rank_arguments", "shared_writes", "project"]
 
 
 def imported_modules(path: pathlib.Path) -> set[str]:

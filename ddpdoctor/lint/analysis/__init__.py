@@ -14,6 +14,9 @@
     devices    which GPU a value names; what pins a process's device
     summaries  what a function does for its callers, linked across the project's modules
     sharding   data split across ranks: datasets that take their own rank's share, loop items
+    evaluation evaluations over split data, and whether their score is combined across ranks
+    rank_arguments  the rank a process group or sampler is given; jobs single-node by construction
+    shared_writes   files and folders every rank writes at once
 
 Nothing below imports anything above (tests/test_analysis_layering.py enforces it). Rules import
 only from this package.
@@ -26,6 +29,7 @@ from typing import Optional
 import libcst as cst
 
 from ddpdoctor.lint.analysis import callorder, conditions, devices, harness, launch, ranks, reads, sharding, summaries, syntax
+from ddpdoctor.lint.analysis import evaluation, rank_arguments, shared_writes
 from ddpdoctor.lint.analysis.imports import ProjectSources
 from ddpdoctor.lint.analysis.model import (
     MAX_DEPTH,
@@ -45,7 +49,7 @@ from ddpdoctor.lint.analysis.syntax import UNKNOWN, Expr, contains, dotted_name,
 __all__ = [
     "MAX_DEPTH", "UNKNOWN", "Assignment", "Call", "Context", "Expr", "Function", "Guard", "Loop",
     "ModuleModel", "ProjectSources", "Route", "Runs", "SubscriptStore", "WhoRuns", "build_analysis",
-    "callorder", "conditions", "contains", "decided_by_guards", "devices", "dotted_name", "harness", "launch", "names_in", "ranks",
+    "callorder", "conditions", "evaluation", "rank_arguments", "shared_writes", "contains", "decided_by_guards", "devices", "dotted_name", "harness", "launch", "names_in", "ranks",
     "reaches_several_processes", "reads", "route_runs", "sharding", "summaries", "syntax", "walk", "who_runs",
 ]
 
