@@ -57,6 +57,9 @@ def unreduced(sampler: str = "DistributedSampler(ds)", after: str = "    return 
         ("    return reduce_tensor(total)", 0),  # a helper named for reducing
         ("    dist.barrier()\n    return total", 1),  # a barrier combines nothing
         ("    pass", 0),  # the result is neither returned nor reported
+        ("    print('done')", 0),  # a progress line without the loop's result
+        ("    return model", 0),  # returns something the loop did not accumulate
+        ("    score = total / 2\n    print(score)", 1),  # the result reported through a variable
     ],
 )
 def test_an_evaluation_is_unreduced_until_something_combines_it(after: str, expected: int) -> None:

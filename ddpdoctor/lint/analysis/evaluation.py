@@ -50,7 +50,9 @@ NO_GRAD = ("no_grad", "inference_mode")
 # Function names that say "this evaluates".
 EVAL_WORDS = ("eval", "valid", "test", "infer")
 # Calls that report a score.
-REPORTING_CALLS = frozenset({"print", "info", "log", "add_scalar", "add_scalars", "log_metrics", "log_dict"})
+REPORTING_CALLS = frozenset(
+    {"print", "info", "log", "add_scalar", "add_scalars", "log_metrics", "log_dict", "dump", "write"}
+)
 # How many helper calls deep a reduction is looked for.
 HELPER_DEPTH = 3
 
@@ -85,7 +87,10 @@ def _unreduced_evaluations(model: ModuleModel) -> list[ShardEvaluation]:
         loaders = [c for c in model.loop_sources(loop) if c.name == DATA_LOADER]
         if not loaders or not all(loader_split(model, loader) for loader in loaders):
             continue
-        returned = any(not (isinstance(value, cst.Name) and value.value == "None") for value in function.returns)
+        results = loop_results(model, loop)
+        returned = bool(results) and any(
+            _mentions_results(model, value, function.end_order, function, results) for value in function.returns
+        )
         if not returned and not _reports_from(model, loop):
             continue
         if reduced_from(model, loop):
@@ -129,18 +134,56 @@ def _decorated_no_grad(function: Function) -> bool:
 
 
 def _reports_from(model: ModuleModel, loop: Loop) -> bool:
-    """A call in the loop or after it, in its function, that logs or prints (a running score), or a
-    best score kept after it (`if mIoU > self.best_pred: self.best_pred = mIoU`)."""
+    """A call in the loop or after it, in its function, that logs, prints or dumps what the loop
+    accumulated (`print(total / n)`, `logger.info(... mIoU)`, `json.dump(predictions, f)`), or a
+    best score kept from it after the loop (`if mIoU > self.best_pred: self.best_pred = mIoU`). A
+    progress line that mentions none of the loop's results (`print("done")`) is no score."""
     function = loop.function
-    if any(
-        call.order > loop.order and last_segment(call.dotted or call.name or "") in REPORTING_CALLS
-        for call in model.calls if call.function is function
-    ):
-        return True
+    results = loop_results(model, loop)
+    if not results:
+        return False
+    for call in model.calls:
+        if call.function is not function or call.order <= loop.order:
+            continue
+        if last_segment(call.dotted or call.name or "") not in REPORTING_CALLS:
+            continue
+        if any(_mentions_results(model, arg.value, call.order, function, results) for arg in call.args):
+            return True
     return any(
         a.function is function and a.order > loop.order and "best" in last_segment(a.target).lower()
+        and a.value is not None and _mentions_results(model, a.value, a.order, function, results)
         for a in model.assignments
     )
+
+
+# Methods that add to a collection in place: a loop that calls one accumulates into its receiver.
+ACCUMULATING_METHODS = frozenset({"append", "extend", "update", "add", "add_", "insert"})
+
+
+def loop_results(model: ModuleModel, loop: Loop) -> frozenset[str]:
+    """What an evaluation loop accumulates: the names assigned in it (`total += ...`, `hits[k] = ...`)
+    and the receivers of in-place additions (`predictions.append(...)`, `meter.update(...)`), apart
+    from its own loop variables."""
+    names = {
+        a.target for a in model.assignments
+        if a.function is loop.function and contains(loop, a.order) and a.kind in ("assign", "augassign", "annassign", "subscript", "unpack")
+    }
+    for call in model.calls:
+        if call.function is loop.function and contains(loop, call.order) and call.attr in ACCUMULATING_METHODS:
+            receiver = dotted_name(call.receiver) if call.receiver is not None else None
+            if receiver is not None:
+                names.add(receiver)
+    return frozenset(names - set(loop.target_names))
+
+
+def _mentions_results(
+    model: ModuleModel, expr: cst.BaseExpression, order: int, function: Optional[Function], results: frozenset[str]
+) -> bool:
+    def test(model: ModuleModel, node: cst.BaseExpression, at: int, inside: Optional[Function]) -> bool:
+        name = dotted_name(node)
+        return name is not None and (name in results or name.split(".")[0] in results)
+
+    return mentions(model, expr, order, function, test)
 
 
 def loader_split(model: ModuleModel, loader: Call) -> bool:
