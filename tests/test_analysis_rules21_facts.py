@@ -209,6 +209,9 @@ def written(body: str) -> list[str]:
         ("with accelerator.main_process_first():\n    np.save(out, 1)", []),
         ("if torch.cuda.device_count() == 1 or dist.get_rank() == 0:\n    np.save(out, 1)", []),
         ("if ok or flag:\n    np.save(out, 1)", ["np.save"]),
+        ("with FileLock(root + '.lock'):\n    torchvision.datasets.MNIST(root, download=True)", []),
+        ("with lock:\n    torchvision.datasets.MNIST(root, download=True)", []),
+        ("with timer():\n    torchvision.datasets.MNIST(root, download=True)", ["torchvision.datasets.MNIST(download=True)"]),
     ],
 )
 def test_shared_writes(body: str, expected: list[str]) -> None:
@@ -224,3 +227,26 @@ def test_the_parent_of_a_spawn_script_writes_once() -> None:
     )
     model = model_of(source)
     assert [model.line_of(w.call.node) for w in shared_writes.every_rank_writes(model)] == [HEAD.count("\n") + 3]
+
+
+def test_a_horovod_spark_driver_writes_once_and_its_workers_on_every_rank() -> None:
+    source = (
+        "import horovod.spark\n"
+        "def train_fn():\n    np.save('w.npy', 1)\n"
+        "def main():\n    horovod.spark.run(train_fn, num_proc=2)\n    np.save('d.npy', 1)\n"
+        "main()\n"
+    )
+    model = model_of(source)
+    assert [model.line_of(w.call.node) for w in shared_writes.every_rank_writes(model)] == [HEAD.count("\n") + 3]
+
+
+@pytest.mark.parametrize("reduces_inside, expected", [(True, 0), (False, 1)])
+def test_a_meter_class_of_this_module_that_reduces_on_update(reduces_inside: bool, expected: int) -> None:
+    body = "dist.all_reduce(v)\n        " if reduces_inside else ""
+    source = (
+        "class Meter:\n    def update(self, v):\n        " + body + "self.v = v\n"
+        + EVAL.format(sampler="DistributedSampler(ds)", after="    return meter.v").replace(
+            "        total +=", "        meter.update(model(x))\n        total +="
+        ).replace("    total = 0.0\n", "    total = 0.0\n    meter = Meter()\n")
+    )
+    assert len(evaluation.unreduced_evaluations(model_of(source))) == expected

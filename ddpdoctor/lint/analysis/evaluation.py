@@ -237,7 +237,7 @@ def reduces(model: ModuleModel, call: Call, depth: int = 0) -> bool:
         return True
     if depth >= HELPER_DEPTH:
         return False
-    for helper in model.resolve_local_function(call):
+    for helper in [*model.resolve_local_function(call), *instance_methods(model, call)]:
         if any(reduces(model, inner, depth + 1) for inner in helper.calls):
             return True
     if model.may_link(call):
@@ -252,6 +252,20 @@ def reduces(model: ModuleModel, call: Call, depth: int = 0) -> bool:
         other, helper, _ = method
         return any(reduces(other, inner, depth + 1) for inner in helper.calls)
     return False
+
+
+def instance_methods(model: ModuleModel, call: Call) -> list[Function]:
+    """`meter.update(x)` where `meter = Meter(...)` and `Meter` is a class of this module: its
+    `update` (defined in the class's own body)."""
+    receiver = call.receiver
+    if receiver is None or call.attr is None:
+        return []
+    out: list[Function] = []
+    for origin in model.origin_calls(receiver, call.order, call.function):
+        klass = origin.dotted
+        if klass is not None and "." not in klass:
+            out.extend(m for m in model.class_methods(klass) if m.name == call.attr)
+    return out
 
 
 def reduced_from(model: ModuleModel, loop: Loop) -> bool:

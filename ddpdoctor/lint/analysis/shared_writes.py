@@ -24,7 +24,7 @@ import libcst as cst
 
 from ddpdoctor.lint.analysis.launch import SPAWN_CALLS, dead_in_script
 from ddpdoctor.lint.analysis.model import Call, Function, ModuleModel, mentions
-from ddpdoctor.lint.analysis.ranks import Runs, classify_rank_test, names_the_node, spawn_targets, who_runs
+from ddpdoctor.lint.analysis.ranks import Runs, classify_rank_test, decided_by_guards, names_the_node, who_runs
 from ddpdoctor.lint.analysis.sharding import per_item_path
 from ddpdoctor.lint.analysis.summaries import IN_MEMORY, mentions_rank
 from ddpdoctor.lint.analysis.syntax import dotted_name, flatten_boolean, last_segment, walk
@@ -33,8 +33,11 @@ NUMPY_WRITES = frozenset({"numpy.save", "numpy.savez", "numpy.savez_compressed",
 MKDIR_CALLS = frozenset({"os.mkdir", "os.makedirs"})
 EXISTS_CALLS = frozenset({"os.path.exists", "os.path.isdir", "os.path.isfile"})
 TEMP_PREFIXES = ("tempfile.",)
-# Context managers that let the main process go first and the others follow (a barrier inside).
-FIRST_WORDS = ("first",)
+# Context managers that let the main process go first and the others follow (a barrier inside), or
+# that let one process at a time in (`with FileLock(...):`, `with lock:`).
+FIRST_WORDS = ("first", "lock")
+# Calls that start the ranks and run a function in each, from a process that is not one of them.
+LAUNCHER_CALLS = frozenset({*SPAWN_CALLS, "horovod.run", "horovod.spark.run", "horovod.spark.run_elastic"})
 BARRIER = "torch.distributed.barrier"
 
 
@@ -82,7 +85,10 @@ def _shared(model: ModuleModel, write: SharedWrite) -> bool:
     call = write.call
     if dead_in_script(model, call.function) or in_launcher_parent(model, call):
         return False
-    if who_runs(model, call).runs is not Runs.ALL or rank0_or_other_case(model, call):
+    runs = who_runs(model, call).runs
+    if runs is Runs.UNKNOWN and decided_by_guards(model, call.ctx.guards) is None and launched(model, call.function):
+        runs = Runs.ALL  # the body of the function a launcher runs in every worker
+    if runs is not Runs.ALL or rank0_or_other_case(model, call):
         return False
     if rank_zero_first(model, call):
         return False
@@ -140,12 +146,22 @@ def rank_zero_first(model: ModuleModel, call: Call) -> bool:
     )
 
 
+def launched(model: ModuleModel, function: Optional[Function]) -> bool:
+    """`function` is the one a launcher call of this module runs in every worker
+    (`horovod.spark.run(train_fn)`, `mp.spawn(worker)`)."""
+    if function is None or function.parent is not None:
+        return False
+    return any(dotted_name(launch.arg(0)) == function.name for launch in model.calls_named(*LAUNCHER_CALLS))
+
+
 def in_launcher_parent(model: ModuleModel, call: Call) -> bool:
-    """The call runs in the process that starts the ranks with `mp.spawn`, not in the ranks: in the
-    function that makes the spawn call, or at module level, of a script whose ranks are spawned."""
-    if not spawn_targets(model):
+    """The call runs in the process that starts the ranks (`mp.spawn(worker)`,
+    `horovod.spark.run(train_fn)`), not in the ranks: in the function that makes the launching call,
+    or at module level, of a script whose ranks are started so."""
+    launches = model.calls_named(*LAUNCHER_CALLS)
+    if not launches:
         return False
     function = call.function
     if function is None:
         return True
-    return any(spawn.function is function for spawn in model.calls_named(*SPAWN_CALLS))
+    return any(launch.function is function for launch in launches)
