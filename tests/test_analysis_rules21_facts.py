@@ -250,3 +250,29 @@ def test_a_meter_class_of_this_module_that_reduces_on_update(reduces_inside: boo
         ).replace("    total = 0.0\n", "    total = 0.0\n    meter = Meter()\n")
     )
     assert len(evaluation.unreduced_evaluations(model_of(source))) == expected
+
+
+@pytest.mark.parametrize(
+    "source, expected",
+    [
+        ('import os\nrank = int(os.environ["LOCAL_RANK"])\n', "it reads LOCAL_RANK"),
+        ('import os\nworld = int(os.environ.get("WORLD_SIZE", 1))\n', "it reads WORLD_SIZE"),
+        ('import os\nhome = os.environ["HOME"]\n', None),
+        ('import torch.distributed as dist\ndist.init_process_group("nccl")\n', "init_process_group"),
+    ],
+)
+def test_launched_as_ranks(source: str, expected: str | None) -> None:
+    found = shared_writes.launched_as_ranks(build_analysis(cst.parse_module(source)))
+    assert (found[1] if found is not None else None) == expected
+
+
+@pytest.mark.parametrize(
+    "tail, expected",
+    [
+        ("if __name__ == '__main__':\n    fire.Fire(train)\n", 1),  # handed to a command-line helper
+        ("", 0),  # a library function nobody here runs
+    ],
+)
+def test_a_script_entry_point_handed_on_runs_on_every_rank(tail: str, expected: int) -> None:
+    source = "import fire\ndef train(out):\n    np.save(out, 1)\n" + tail
+    assert len(shared_writes.every_rank_writes(model_of(source))) == expected

@@ -22,9 +22,16 @@ from typing import Optional
 
 import libcst as cst
 
-from ddpdoctor.lint.analysis.launch import SPAWN_CALLS, dead_in_script
+from ddpdoctor.lint.analysis.launch import (
+    SPAWN_CALLS,
+    dead_in_script,
+    describe,
+    env_reads,
+    is_script,
+    multiprocess_evidence,
+)
 from ddpdoctor.lint.analysis.model import Call, Function, ModuleModel, mentions
-from ddpdoctor.lint.analysis.ranks import Runs, classify_rank_test, decided_by_guards, names_the_node, who_runs
+from ddpdoctor.lint.analysis.ranks import LAUNCHER_ENV, Runs, classify_rank_test, decided_by_guards, names_the_node, who_runs
 from ddpdoctor.lint.analysis.sharding import per_item_path
 from ddpdoctor.lint.analysis.summaries import IN_MEMORY, mentions_rank
 from ddpdoctor.lint.analysis.syntax import dotted_name, flatten_boolean, last_segment, walk
@@ -73,6 +80,20 @@ def candidate_writes(model: ModuleModel) -> list[SharedWrite]:
                 # The folder it downloads into: torchvision's `root`, the first argument.
                 out.append(SharedWrite(call, call.arg(0, "root"), f"{call.dotted or name}(download=True)", "download"))
     return out
+
+
+def launched_as_ranks(model: ModuleModel) -> Optional[tuple[cst.CSTNode, str]]:
+    """Where the module shows it runs as one of several processes, with how a message names it: the
+    launch evidence every rule uses (`init_process_group`, a DDP wrap, `hvd.init()`, `mp.spawn`), or
+    else a read of a variable torchrun sets in each process (`LOCAL_RANK`, `WORLD_SIZE`): a Hugging
+    Face Trainer script leaves the process group to the Trainer but reads them for its device map."""
+    setup = multiprocess_evidence(model)
+    if setup is not None:
+        return setup.node, describe(setup)
+    for key, node in env_reads(model):
+        if key in LAUNCHER_ENV or key == "WORLD_SIZE":
+            return node, f"it reads {key}"
+    return None
 
 
 def every_rank_writes(model: ModuleModel) -> list[SharedWrite]:
@@ -148,10 +169,16 @@ def rank_zero_first(model: ModuleModel, call: Call) -> bool:
 
 def launched(model: ModuleModel, function: Optional[Function]) -> bool:
     """`function` is the one a launcher call of this module runs in every worker
-    (`horovod.spark.run(train_fn)`, `mp.spawn(worker)`)."""
-    if function is None or function.parent is not None:
+    (`horovod.spark.run(train_fn)`, `mp.spawn(worker)`), or the entry point a script hands to a
+    command-line framework (`fire.Fire(train)`), which every process the launcher starts runs."""
+    if function is None or function.parent is not None or function.klass is not None:
         return False
-    return any(dotted_name(launch.arg(0)) == function.name for launch in model.calls_named(*LAUNCHER_CALLS))
+    if any(dotted_name(launch.arg(0)) == function.name for launch in model.calls_named(*LAUNCHER_CALLS)):
+        return True
+    return is_script(model) and any(
+        call.function is None and any(dotted_name(arg.value) == function.name for arg in call.args)
+        for call in model.calls
+    )
 
 
 def in_launcher_parent(model: ModuleModel, call: Call) -> bool:

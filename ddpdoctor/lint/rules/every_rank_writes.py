@@ -20,15 +20,18 @@ class EveryRankWrites(Rule):
     code = "DDP017"
     checks_test_suites = False
     trigger_words = ("save_pretrained", "np.save", "numpy", "open(", "mkdir", "makedirs", "download")
-    context_words = launch.LAUNCH_WORDS
+    # A torchrun script may leave the process group to a framework (the HF Trainer) and only read
+    # the launcher's variables.
+    context_words = (*launch.LAUNCH_WORDS, "LOCAL_RANK", "WORLD_SIZE")
 
     def check(self) -> None:
         model = self.model
-        setup = launch.multiprocess_evidence(model)
-        if setup is None:
+        writes = shared_writes.every_rank_writes(model)
+        evidence = shared_writes.launched_as_ranks(model) if writes else None
+        if evidence is None:
             return
-        where = f"{launch.describe(setup)} at line {self.line(setup.node)}"
-        for write in shared_writes.every_rank_writes(model):
+        where = f"{evidence[1]} at line {self.line(evidence[0])}"
+        for write in writes:
             if write.kind == "download":
                 message = (
                     f"{write.what} runs on every rank of this distributed script ({where}): every process "
