@@ -276,3 +276,11 @@ def test_launched_as_ranks(source: str, expected: str | None) -> None:
 def test_a_script_entry_point_handed_on_runs_on_every_rank(tail: str, expected: int) -> None:
     source = "import fire\ndef train(out):\n    np.save(out, 1)\n" + tail
     assert len(shared_writes.every_rank_writes(model_of(source))) == expected
+
+
+@pytest.mark.parametrize(("test", "expected"), [("val > best", 1), ("epoch > 30", 0)])
+def test_a_hand_written_lr_change_under_a_shard_local_test(test: str, expected: int) -> None:
+    source = EVAL.format(sampler="DistributedSampler(ds)", after="    return total") + (
+        f"val = check(m)\nif {test}:\n    for g in opt.param_groups:\n        g['lr'] *= 0.5\n"
+    )
+    assert len(evaluation.metric_driven_lr_changes(model_of(source))) == expected

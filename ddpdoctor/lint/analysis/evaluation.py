@@ -21,7 +21,7 @@ from typing import Optional
 
 import libcst as cst
 
-from ddpdoctor.lint.analysis.model import MAX_DEPTH, Call, Function, Loop, ModuleModel, mentions
+from ddpdoctor.lint.analysis.model import MAX_DEPTH, Call, Function, Guard, Loop, ModuleModel, SubscriptStore, mentions
 from ddpdoctor.lint.analysis.ranks import Runs, who_runs
 from ddpdoctor.lint.analysis.sharding import DATA_LOADER, loader_split_across_ranks
 from ddpdoctor.lint.analysis.syntax import contains, dotted_name, last_segment, walk
@@ -396,3 +396,21 @@ def metric_schedule_calls(model: ModuleModel) -> list[tuple[Call, str]]:
 def _early_stop_name(written: str) -> bool:
     flat = last_segment(written).lower().replace("_", "")
     return any(word.replace("_", "") in flat for word in EARLY_STOP_WORDS)
+
+
+def metric_driven_lr_changes(model: ModuleModel) -> list[tuple[SubscriptStore, Guard, ShardEvaluation]]:
+    """`param_group["lr"] = ...` (or `*=`) under a condition on a shard-local score (`if val_loss >
+    best: for g in optimizer.param_groups: g["lr"] *= 0.5`): a hand-written plateau schedule. Each
+    with the deciding condition and the evaluation the score comes from."""
+    if not unreduced_evaluations(model):
+        return []
+    out: list[tuple[SubscriptStore, Guard, ShardEvaluation]] = []
+    for store in model.subscript_stores:
+        if not (isinstance(store.key, cst.SimpleString) and store.key.evaluated_value == "lr"):
+            continue
+        for guard in store.ctx.guards:
+            found = shard_local_score(model, guard.test, guard.order, guard.function)
+            if found is not None:
+                out.append((store, guard, found))
+                break
+    return out

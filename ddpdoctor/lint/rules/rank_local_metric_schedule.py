@@ -41,7 +41,7 @@ class RankLocalMetricSchedule(Rule):
 
     code = "DDP019"
     checks_test_suites = False
-    trigger_words = ("ReduceLROnPlateau", "early", "Early", "patience")
+    trigger_words = ("ReduceLROnPlateau", "early", "Early", "patience", "\"lr\"", "'lr'")
     context_words = launch.LAUNCH_WORDS
 
     def check(self) -> None:
@@ -63,3 +63,11 @@ class RankLocalMetricSchedule(Rule):
                     f"world_size) before the schedule reads it.",
                 )
                 break
+        for store, guard, found in evaluation.metric_driven_lr_changes(model):
+            self.report(
+                store.target,
+                f"the learning rate is changed under `{model.code_of(guard.test)}`, a test of a metric computed by "
+                f"the evaluation at line {self.line(found.loop.node)} on this rank's shard of the validation data "
+                f"and never reduced: the ranks decide differently, and their learning rates drift apart. "
+                f"All-reduce the metric across ranks before the test.",
+            )
