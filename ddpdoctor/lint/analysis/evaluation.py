@@ -24,6 +24,7 @@ import libcst as cst
 from ddpdoctor.lint.analysis.model import MAX_DEPTH, Call, Function, Guard, Loop, ModuleModel, SubscriptStore, mentions
 from ddpdoctor.lint.analysis.ranks import Runs, who_runs
 from ddpdoctor.lint.analysis.sharding import DATA_LOADER, loader_split_across_ranks
+from ddpdoctor.lint.analysis.summaries import mentions_rank
 from ddpdoctor.lint.analysis.syntax import contains, dotted_name, last_segment, walk
 
 # Collectives that combine a value across the ranks.
@@ -50,9 +51,10 @@ NO_GRAD = ("no_grad", "inference_mode")
 # Function names that say "this evaluates".
 EVAL_WORDS = ("eval", "valid", "test", "infer")
 # Calls that report a score.
-REPORTING_CALLS = frozenset(
-    {"print", "info", "log", "add_scalar", "add_scalars", "log_metrics", "log_dict", "dump", "write"}
-)
+REPORTING_CALLS = frozenset({"print", "info", "log", "add_scalar", "add_scalars", "log_metrics", "log_dict"})
+# Calls that write what the loop accumulated to a file, after it: the evaluation's output. (Inside the
+# loop a write is a per-sample output, and into a per-rank file a deliberate shard, merged later.)
+DUMPING_CALLS = frozenset({"dump", "write"})
 # How many helper calls deep a reduction is looked for.
 HELPER_DEPTH = 3
 
@@ -145,7 +147,15 @@ def _reports_from(model: ModuleModel, loop: Loop) -> bool:
     for call in model.calls:
         if call.function is not function or call.order <= loop.order:
             continue
-        if last_segment(call.dotted or call.name or "") not in REPORTING_CALLS:
+        written = last_segment(call.dotted or call.name or "")
+        if written in DUMPING_CALLS:
+            if call.order < loop.end_order:
+                continue
+            if any(_per_rank(model, arg.value, call.order, function) for arg in call.args):
+                continue
+            if call.receiver is not None and _per_rank(model, call.receiver, call.order, function):
+                continue
+        elif written not in REPORTING_CALLS:
             continue
         if any(_mentions_results(model, arg.value, call.order, function, results) for arg in call.args):
             return True
@@ -153,6 +163,18 @@ def _reports_from(model: ModuleModel, loop: Loop) -> bool:
         a.function is function and a.order > loop.order and "best" in last_segment(a.target).lower()
         and a.value is not None and _mentions_results(model, a.value, a.order, function, results)
         for a in model.assignments
+    )
+
+
+def _per_rank(model: ModuleModel, expr: cst.BaseExpression, order: int, function: Optional[Function]) -> bool:
+    """A file (handle) whose path names the rank: `open(f"preds_{rank}.json", "w")`, also bound by
+    `with open(...) as handle:`, which value-following does not enter."""
+    if mentions_rank(model, expr, order, function):
+        return True
+    name = dotted_name(expr)
+    return name is not None and any(
+        a.value is not None and mentions_rank(model, a.value, a.order, a.function)
+        for a in model.reaching_assignments(name, order, function)
     )
 
 
