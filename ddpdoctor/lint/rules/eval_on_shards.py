@@ -48,19 +48,25 @@ class EvalOnShards(Rule):
             if launch.dead_in_script(model, found.function):
                 continue
             used = "returns" if found.returned else "reports"
+            where = f"{found.loader.dotted or 'DataLoader'} at line {self.line(found.loader.node)}"
             if found.main_process_only:
-                scope = (
-                    "only the main process runs this evaluation, and its loader is split across ranks, so the "
-                    "score it "
+                what = (
+                    f"only the main process runs this evaluation, but its loader ({where}) gives it only its own "
+                    f"1/world_size share of the data: the score it {used} is one shard's, not the validation "
+                    f"set's, and the logged result or the checkpoint chosen by it is that shard's."
                 )
+                fix = "Evaluate on a loader without the DistributedSampler there, or evaluate on every rank and "
             else:
-                scope = "each rank evaluates only its own shard here, and the score this function "
+                what = (
+                    f"each rank evaluates only its own shard here ({where}, a 1/world_size share of the data), and "
+                    f"the score this function {used} is never combined across ranks: every rank gets a different "
+                    f"number, and the logged result, a best-checkpoint choice or a scheduler driven by it is one "
+                    f"shard's, not the validation set's."
+                )
+                fix = ""
             self.report(
                 found.loop.node,
-                f"evaluation over data split across ranks ({found.loader.dotted or 'DataLoader'} at line "
-                f"{self.line(found.loader.node)}, one 1/world_size share per rank): {scope}{used} is one "
-                f"shard's, not the validation set's; it is never combined across ranks, so the logged score, "
-                f"a best-checkpoint choice or a scheduler driven by it differ from rank to rank. All-reduce the "
-                f"sums and counts (dist.all_reduce) before computing the score, or gather the predictions "
-                f"(all_gather, accelerator.gather_for_metrics, a torchmetrics metric).",
+                f"evaluation over data split across ranks: {what} {fix}"
+                f"{'a' if fix else 'A'}ll-reduce the sums and counts (dist.all_reduce) before computing the score, "
+                f"or gather the predictions (all_gather, accelerator.gather_for_metrics, a torchmetrics metric).",
             )

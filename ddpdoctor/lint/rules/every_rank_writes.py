@@ -50,6 +50,7 @@ class EveryRankWrites(Rule):
                 message = (
                     f"{write.what} runs on every rank of this distributed script ({where}) and writes the same "
                     f"path on each: the writes interleave or truncate each other and can leave the file corrupt. "
-                    f"Write only on the main process (`if dist.get_rank() == 0:`), or put the rank in the path."
+                    f"Write only on the main process (`if dist.get_rank() == 0:`, `if trainer.is_world_process_zero():`), "
+                    f"or put the rank in the path."
                 )
             self.report(write.call.node, message)
