@@ -209,6 +209,16 @@ def written(body: str) -> list[str]:
         ("with accelerator.main_process_first():\n    np.save(out, 1)", []),
         ("if torch.cuda.device_count() == 1 or dist.get_rank() == 0:\n    np.save(out, 1)", []),
         ("if ok or flag:\n    np.save(out, 1)", ["np.save"]),
+        # keywords name the path as positions do
+        ("model.save_pretrained(save_directory=f'{out}/{dist.get_rank()}')", []),
+        ("np.save(file=f'{out}/{dist.get_rank()}.npy', arr=1)", []),
+        ("open(file=f'{out}/{dist.get_rank()}', mode='w')", []),
+        ("open(out, mode='w')", ["open(..., 'w')"]),
+        ("if not os.path.isdir(out):\n    os.mkdir(path=out)", ["os.mkdir"]),
+        ("if not os.path.isdir(out):\n    os.mkdir(f'{out}{dist.get_rank()}')", []),
+        ("if not os.path.exists(out):\n    os.makedirs(name=f'{out}{dist.get_rank()}')", []),
+        ("if ok:\n    np.save(out, 1)", ["np.save"]),  # a condition that is no rank test
+        ("if dist.get_rank() == 0 and ok:\n    np.save(out, 1)", []),
         ("with FileLock(root + '.lock'):\n    torchvision.datasets.MNIST(root, download=True)", []),
         ("with lock:\n    torchvision.datasets.MNIST(root, download=True)", []),
         ("with timer():\n    torchvision.datasets.MNIST(root, download=True)", ["torchvision.datasets.MNIST(download=True)"]),
