@@ -17,7 +17,7 @@ PACKAGE = "ddpdoctor.lint.analysis"
 
 # Bottom first. A module may import only the ones before it.
 LAYERS = ["syntax", "imports", "model", "collectives", "conditions", "callorder", "lazy", "stepping", "reads", "harness", "launch", "ranks", "launcher_env", "devices", "summaries", "divergence",
-          "sharding", "project"]
+          "sharding", "evaluation", "rank_arguments", "shared_writes", "project"]
 
 
 def imported_modules(path: pathlib.Path) -> set[str]:

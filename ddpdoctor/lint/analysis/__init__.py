@@ -19,6 +19,9 @@
     summaries  what a function does for its callers, linked across the project's modules
     divergence where ranks part ways: exits taken on some ranks while the others go on into a collective
     sharding   data split across ranks: datasets that take their own rank's share, loop items
+    evaluation evaluations over split data, and whether their score is combined across ranks
+    rank_arguments  the rank a process group or sampler is given; jobs single-node by construction
+    shared_writes   files and folders every rank writes at once
 
 Nothing below imports anything above (tests/test_analysis_layering.py enforces it). Rules import
 only from this package.
@@ -31,6 +34,7 @@ from typing import Optional
 import libcst as cst
 
 from ddpdoctor.lint.analysis import callorder, collectives, conditions, devices, divergence, harness, launch, launcher_env, lazy, ranks, reads, sharding, stepping, summaries, syntax
+from ddpdoctor.lint.analysis import evaluation, rank_arguments, shared_writes
 from ddpdoctor.lint.analysis.imports import ProjectSources
 from ddpdoctor.lint.analysis.model import (
     MAX_DEPTH,
@@ -50,8 +54,8 @@ from ddpdoctor.lint.analysis.syntax import UNKNOWN, Expr, contains, dotted_name,
 __all__ = [
     "MAX_DEPTH", "UNKNOWN", "Assignment", "Call", "Context", "Expr", "Function", "Guard", "Loop",
     "ModuleModel", "ProjectSources", "Route", "Runs", "SubscriptStore", "WhoRuns", "build_analysis",
-    "callorder", "collectives", "conditions", "contains", "decided_by_guards", "devices", "divergence", "dotted_name", "harness", "launch", "launcher_env", "lazy", "names_in", "ranks",
-    "reaches_several_processes", "reads", "route_runs", "sharding", "stepping", "summaries", "syntax", "walk", "who_runs",
+    "callorder", "collectives", "conditions", "contains", "decided_by_guards", "devices", "divergence", "dotted_name", "evaluation", "harness", "launch", "launcher_env", "lazy", "names_in", "rank_arguments", "ranks",
+    "reaches_several_processes", "reads", "route_runs", "sharding", "shared_writes", "stepping", "summaries", "syntax", "walk", "who_runs",
 ]
 
 

@@ -83,6 +83,7 @@ MAIN_PROCESS_NAMES = frozenset(
         "is_global_zero", "is_local_master", "is_primary", "is_local_main_process", "is_chief",
         "is_master_process", "main_process", "is_main_rank", "is_root", "rank_zero", "is_world_process_zero",
         "is_local_process_zero", "is_master_rank",
+        "should_save",  # the HF TrainingArguments flag: the process that writes checkpoints
     }
 )
 
