@@ -77,11 +77,21 @@ def parse_visible_devices(spec: Optional[str], gpus: Optional[list[GpuInfo]]) ->
     return result
 
 
+def _decimal(text: str) -> Optional[int]:
+    """`text` as a small decimal integer (an optional minus sign, ASCII digits, at most 18 of them), or
+    None. str.isdigit() also accepts digits int() refuses ('²') and int() refuses more than 4,300
+    digits: a launch variable is anything a user or a script put there."""
+    digits = text[1:] if text.startswith("-") else text
+    if not (0 < len(digits) <= 18 and digits.isascii() and digits.isdigit()):
+        return None
+    return int(text)
+
+
 def _resolve_entry(entry: str, gpus: Optional[list[GpuInfo]]) -> Optional[object]:
     """The NVML index an entry names, a string key for a device NVML cannot place, or None."""
     if entry.lstrip("-").isdigit():
-        index = int(entry)
-        if index < 0 or (gpus is not None and index >= len(gpus)):
+        index = _decimal(entry)
+        if index is None or index < 0 or (gpus is not None and index >= len(gpus)):
             return None
         return index
     if entry.startswith("MIG-"):
@@ -118,7 +128,8 @@ def check_master(
     )
     if check.port is None:
         return check
-    if not check.port.isdigit() or not 0 < int(check.port) < 65536:
+    port = _decimal(check.port)
+    if port is None or not 0 < port < 65536:
         check.port_free = False
         check.port_note = f"MASTER_PORT={check.port!r} is not a TCP port number"
         return check
@@ -133,7 +144,7 @@ def check_master(
         (a for a in check.resolved if a.split("%", 1)[0] in local or _is_loopback(a)),
         check.resolved[0],
     )
-    check.port_free = port_free(address, int(check.port))
+    check.port_free = port_free(address, port)
     if not check.port_free:
         check.port_note = f"something on this host already listens on {address}:{check.port}"
     return check

@@ -70,3 +70,17 @@ def test_env017_escapes_what_it_quotes(collect, variable: str, value: str, escap
     report = collect(environ={variable: value, "WORLD_SIZE": "8"})
     text = to_text(report, diagnose(report), color=False)
     assert escaped in text
+
+
+@pytest.mark.parametrize("variable", ["CUDA_VISIBLE_DEVICES", "MASTER_PORT"])
+@pytest.mark.parametrize("value", ["9" * 4400, "\u00b2", "1\u00b2", "-" + "9" * 30])
+def test_numbers_int_refuses_are_reported_not_raised(collect, monkeypatch, variable, value) -> None:
+    """str.isdigit() accepts what int() refuses: superscript digits, and more than 4,300 digits (found
+    by the fuzz above, for CUDA_VISIBLE_DEVICES)."""
+    monkeypatch.setattr(socket, "getaddrinfo", _loopback_only)
+    environ = {variable: value, "MASTER_ADDR": "127.0.0.1"}
+    report = collect(environ=environ)
+    findings = diagnose(report, nproc=2)
+    assert to_text(report, findings, color=False)
+    if variable == "MASTER_PORT":
+        assert "is not a TCP port number" in report.launch.master.port_note
