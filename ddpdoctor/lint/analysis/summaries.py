@@ -17,7 +17,7 @@ import libcst as cst
 
 from ddpdoctor.lint.analysis.model import Call, Expr, Function, Loop, ModuleModel, mentions
 from ddpdoctor.lint.analysis.ranks import decided_by_guards, rank_kind
-from ddpdoctor.lint.analysis.syntax import contains, dotted_name
+from ddpdoctor.lint.analysis.syntax import dotted_name
 
 SAVE = "torch.save"
 # Buffers: a save into one writes no file.
@@ -203,8 +203,8 @@ def gradients_cleared_before(model: ModuleModel, backward: Call, loop: Union[Loo
     `backward`, before it, under no condition the backward does not share: what earlier iterations'
     backwards left is discarded, so nothing accumulates across iterations, whatever condition the
     optimizer step sits under (a GAN's generator stepped every `n_critic` iterations)."""
-    for call in model.method_calls("zero_grad"):
-        if call.function is not backward.function or not contains(loop, call.order) or call.order > backward.order:
+    for call in model.calls_inside(loop, until=backward.order + 1):
+        if call.attr != "zero_grad" or not isinstance(call.node.func, cst.Attribute) or call.function is not backward.function:
             continue
         if all(guard in backward.ctx.guards for guard in call.ctx.guards if guard.order >= loop.order):
             return True

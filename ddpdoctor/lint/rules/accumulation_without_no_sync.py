@@ -6,7 +6,7 @@ from typing import Optional, Union
 
 import libcst as cst
 
-from ddpdoctor.lint.analysis import Call, Function, Guard, Loop, contains, dotted_name, names_in, summaries, syntax
+from ddpdoctor.lint.analysis import Call, Function, Guard, Loop, dotted_name, names_in, summaries, syntax
 from ddpdoctor.lint.rules.base import Rule
 
 DDP = "torch.nn.parallel.DistributedDataParallel"
@@ -81,8 +81,8 @@ class AccumulationWithoutNoSync(Rule):
     def _conditional_step(self, backward: Call, loop: Union[Loop, Function]) -> tuple[Optional[Call], Optional[Guard]]:
         """An `optimizer.step()` / `scaler.step(optimizer)` in the same loop iteration that runs only under
         an accumulation condition (`(i + 1) % accum_steps == 0`) which does not also guard the backward."""
-        for call in self.model.method_calls("step"):
-            if call.function is not backward.function or not contains(loop, call.order):
+        for call in self.model.calls_inside(loop):
+            if call.attr != "step" or not isinstance(call.node.func, cst.Attribute) or call.function is not backward.function:
                 continue
             if not self._is_optimizer_step(call):
                 continue
