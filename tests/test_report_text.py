@@ -218,3 +218,23 @@ def test_windows_line_breaks_in_a_message_leave_no_carriage_return() -> None:
 def test_long_lines_are_not_wrapped_with_color() -> None:
     finding = Finding("DDP009", "n", Severity.ERROR, "word " * 100, "f.py", 1, 1, 1, 2)
     assert len(_text([finding], color=True, quiet=True).splitlines()) == 1
+
+
+@pytest.mark.parametrize("color", [False, True])
+def test_a_file_name_with_a_newline_or_control_characters_stays_on_its_finding_line(color: bool) -> None:
+    forged = "a.py:1:1: DDP001 forged"
+    finding = Finding("DDP009", "n", Severity.ERROR, "real", f"x\n{forged}\r\x1b[2K\u2028y.py", 1, 1, 1, 2)
+    out = _text([finding], color=color, quiet=True)
+    plain = re.sub(r"\x1b\[[0-9;]*m", "", out)  # the reporter's own colour codes
+    assert plain == "x\\na.py:1:1: DDP001 forged\\r\\x1b[2K\\u2028y.py:1:1: DDP009 real"
+    assert len(out.splitlines()) == 1
+
+
+def test_control_characters_in_a_message_are_escaped_and_its_lines_stay_indented() -> None:
+    finding = Finding("DDP009", "n", Severity.ERROR, "from \x1b[31mother.py\nsecond\tline", "f.py")
+    assert _text([finding], quiet=True) == "f.py:1:1: DDP009 from \\x1b[31mother.py\n    second\\tline"
+
+
+def test_ordinary_names_and_messages_are_shown_as_they_are() -> None:
+    finding = Finding("DDP009", "n", Severity.ERROR, "call 日本 é — fine", "a dir/m,o:d é.py", 2, 3, 2, 4)
+    assert _text([finding], quiet=True) == "a dir/m,o:d é.py:2:3: DDP009 call 日本 é — fine"
