@@ -465,10 +465,10 @@ def main(argv: Optional[list[str]] = None) -> int:
         results = []
         for name in names:
             results.append(bench_corpus(name, corpus_files(name, args.quick), repeat, cores, scratch))
-        table, targets = render(results, cores, repeat, args.quick)
+        table, targets = render(results, cores, repeat, args.quick) if results else ("", [])
         if one_file_repeat > 0:
             one_table, one_target = render_one_file(bench_one_file(one_file_repeat, scratch))
-            table += "\n\n" + one_table
+            table = (table + "\n\n" if table else "") + one_table
             targets.append(one_target)
         print("\n" + table + "\n")
         print("Targets:")

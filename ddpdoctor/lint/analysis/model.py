@@ -573,8 +573,6 @@ class ModuleModel:
         # asked per call site or per loop must not scan the whole module each time, or a file's
         # analysis grows with the square of its size.
         self._indexes: dict[str, object] = {}
-        # (target, id(function)) -> its assignments there and their numbers, both in source order.
-        self._assignments_by_scope: dict[tuple[str, int], tuple[list[Assignment], list[int]]] = {}
 
     @classmethod
     def build(
@@ -860,17 +858,22 @@ class ModuleModel:
     def _add_assignment(self, assignment: Assignment) -> None:
         self.assignments.append(assignment)
         self._assignments_by_target.setdefault(assignment.target, []).append(assignment)
-        # Numbered as they are added, so each scope's list is in source order (bisected below).
-        scoped = self._assignments_by_scope.setdefault((assignment.target, id(assignment.function)), ([], []))
-        scoped[0].append(assignment)
-        scoped[1].append(assignment.order)
 
     def _scoped_assignments(
         self, target: str, function: Optional[Function], before: Optional[int] = None
     ) -> list[Assignment]:
         """The assignments to `target` made in `function`'s own body (the module's for None); with
         `before`, only those numbered below it."""
-        assignments, orders = self._assignments_by_scope.get((target, id(function)), ([], []))
+        def build() -> dict[tuple[str, int], tuple[list[Assignment], list[int]]]:
+            # Numbered as they are added, so each scope's list is in source order (bisected below).
+            index: dict[tuple[str, int], tuple[list[Assignment], list[int]]] = {}
+            for a in self.assignments:
+                scoped = index.setdefault((a.target, id(a.function)), ([], []))
+                scoped[0].append(a)
+                scoped[1].append(a.order)
+            return index
+
+        assignments, orders = self._index("assignments by scope", build).get((target, id(function)), ([], []))
         return assignments if before is None else assignments[: bisect.bisect_left(orders, before)]
 
     def _class_assignments(self, target: str, klass: Optional[str]) -> list[Assignment]:
@@ -1749,8 +1752,8 @@ class ModuleModel:
 
     @property
     def source_lines(self) -> list[str]:
-        """The module's lines (without line ends) as libcst counts them: "\r\n", "\r" and "\n"
-        each end one (str.splitlines would also split at form feeds). Generated once: a fix on
+        """The module's lines (without line ends) as libcst counts them: CR LF, CR and LF each end
+        one (str.splitlines would also split at form feeds). Generated once: a fix on
         every one of a file's N functions must not regenerate its code N times."""
         if self._source_lines is None:
             self._source_lines = re.split(r"\r\n|\r|\n", self.module.code)
