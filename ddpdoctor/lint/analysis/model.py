@@ -690,6 +690,12 @@ class ModuleModel:
         shortest such spelling whose head nothing here rebinds; None when no top-level import reaches
         it. For fixes that insert a call: an import inside a function or a branch is not in scope
         everywhere."""
+        spellings: dict[str, Optional[str]] = self._index("spellings", dict)  # asked once per fix
+        if qualified not in spellings:
+            spellings[qualified] = self._spelling(qualified)
+        return spellings[qualified]
+
+    def _spelling(self, qualified: str) -> Optional[str]:
         if self._top_imports is None:
             self._top_imports = _import_table(self.module)
         best: Optional[str] = None
@@ -700,7 +706,7 @@ class ModuleModel:
                 candidate = local + qualified[len(target):]
             else:
                 continue
-            if local in self._assignments_by_target or any(f.name == local for f in self.functions):
+            if local in self._assignments_by_target or self.functions_named(local):
                 continue
             if canonical(self.qualify(cst.parse_expression(candidate)) or "") != canonical(qualified):
                 continue
