@@ -22,10 +22,17 @@ separately records the wall time of the whole process (start-up and imports incl
 
 Each is repeated `--repeat` times (interleaved, so drift hits every mode alike) and medians quoted.
 
+* one file        the most common use (pre-commit, an editor on one changed file): the wall time of a
+                  whole `python -m ddpdoctor lint --no-cache FILE` process (output to a pipe) on a small
+                  training script, against its floor, a whole `python -c` process that imports libcst
+                  and parses the same file. Byte code is compiled first (as an installed wheel has it);
+                  `--one-file-repeat` runs of each, interleaved, medians quoted.
+
     python benchmarks/lint_speed.py                   # both corpora, 3 repeats (~5 min on 2 cores)
     python benchmarks/lint_speed.py --corpus stress --repeat 5
     python benchmarks/lint_speed.py --quick           # a smoke run: every 6th file, 1 repeat
     python benchmarks/lint_speed.py --profile         # also cProfile one cold -j 1 run (stress)
+    python benchmarks/lint_speed.py --corpus none     # the one-file row only
 """
 
 from __future__ import annotations
@@ -48,6 +55,8 @@ from typing import Any, Optional
 TARGET_STRESS_VS_FLOOR = 2.0  # cold, one worker: at most this many times the parse floor
 TARGET_TYPICAL_VS_FLOOR = 0.5
 TARGET_WARM_SPEEDUP = 20.0  # warm cache at least this many times faster than cold
+TARGET_ONE_FILE_VS_FLOOR = 1.5  # one small file, whole process: at most this many times its floor
+ONE_FILE_FUNCTIONS = 9  # copies of lint_scaling's training function: a script of about 120 lines
 
 CORPORA = {
     "stress": ("distributed",),
@@ -122,6 +131,9 @@ for key in ("cumulative", "tottime"):
 if spec.get("dump"):
     profiler.dump_stats(spec["dump"])
 """
+
+
+_ONE_FILE_FLOOR = "import sys, libcst; libcst.parse_module(open(sys.argv[1], 'rb').read())"
 
 
 class ChildFailed(RuntimeError):
@@ -259,6 +271,56 @@ def bench_corpus(name: str, files: list[str], repeat: int, cores: int, scratch: 
     return CorpusResult(name, folders, len(files), lines, floor, cold1, coldn, warm)
 
 
+@dataclass
+class OneFileResult:
+    lines: int
+    floor: list[float]
+    lint: list[float]
+
+    @property
+    def ratio(self) -> float:
+        return statistics.median(self.lint) / statistics.median(self.floor)
+
+
+def _timed_process(argv: list[str], cwd: Path, expect: tuple[int, ...]) -> float:
+    start = time.perf_counter()
+    proc = subprocess.run(argv, cwd=cwd, capture_output=True, timeout=CHILD_TIMEOUT)
+    wall = time.perf_counter() - start
+    if proc.returncode not in expect:
+        raise ChildFailed(f"{' '.join(argv[1:3])} exited {proc.returncode}:\n{proc.stderr.decode(errors='replace')[-4000:]}")
+    return wall
+
+
+def bench_one_file(repeat: int, scratch: Path) -> OneFileResult:
+    """One small training script linted by a whole `ddpdoctor lint` process, next to a whole process
+    that only imports libcst and parses it."""
+    import compileall
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from lint_scaling import generate
+
+    import ddpdoctor
+
+    # A wheel's installer compiles byte code; a checkout run with PYTHONDONTWRITEBYTECODE never
+    # would, and would pay for compiling every module in every run.
+    compileall.compile_dir(str(Path(ddpdoctor.__file__).parent), quiet=1)
+    script = scratch / "one_file" / "train.py"
+    script.parent.mkdir()
+    script.write_text(generate(ONE_FILE_FUNCTIONS), encoding="utf-8")
+    lines = script.read_text(encoding="utf-8").count("\n")
+    floor_argv = [sys.executable, "-c", _ONE_FILE_FLOOR, str(script)]
+    lint_argv = [sys.executable, "-m", "ddpdoctor", "lint", "--no-cache", str(script)]
+    print(f"\n[one file] a {lines}-line training script, whole processes; {repeat} run(s) each", flush=True)
+    for argv, expect in ((floor_argv, (0,)), (lint_argv, (1,))):  # warm the file cache, untimed
+        _timed_process(argv, script.parent, expect)
+    result = OneFileResult(lines, [], [])
+    for i in range(repeat):
+        result.floor.append(_timed_process(floor_argv, script.parent, (0,)))
+        result.lint.append(_timed_process(lint_argv, script.parent, (1,)))
+        print(f"  #{i + 1} floor {result.floor[-1]:.3f} s   ddpdoctor lint {result.lint[-1]:.3f} s", flush=True)
+    return result
+
+
 # --- reporting --------------------------------------------------------------------------------
 
 
@@ -296,6 +358,20 @@ def _rate(n: float, seconds: float) -> str:
         return "∞"
     value = n / seconds
     return f"{value:,.0f}" if value >= 100 else f"{value:,.1f}"
+
+
+def render_one_file(result: OneFileResult) -> tuple[str, tuple[str, bool, str]]:
+    floor, lint = statistics.median(result.floor), statistics.median(result.lint)
+    table = "\n".join([
+        f"One file ({result.lines} lines), whole processes, medians of {len(result.floor)} run(s):",
+        "",
+        "| one file | wall (s) | × floor |",
+        "|---|---:|---:|",
+        f"| floor: start Python, import libcst, parse the file | {floor:.3f} | 1.00 |",
+        f"| `ddpdoctor lint --no-cache FILE` (output to a pipe) | {lint:.3f} | {result.ratio:.2f} |",
+    ])
+    target = (f"one file: a whole lint within {TARGET_ONE_FILE_VS_FLOOR}× of its floor", result.ratio <= TARGET_ONE_FILE_VS_FLOOR, f"{result.ratio:.2f}×")
+    return table, target
 
 
 def render(results: list[CorpusResult], cores: int, repeat: int, quick: bool) -> tuple[str, list[tuple[str, bool, str]]]:
@@ -369,9 +445,10 @@ def profile(files: list[str], scratch: Path, top: int, dump: Optional[str]) -> N
 def main(argv: Optional[list[str]] = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--repeat", type=int, default=None, help="runs per measurement, medians quoted (default 3; 1 with --quick)")
-    parser.add_argument("--corpus", choices=("stress", "typical", "both"), default="both")
+    parser.add_argument("--corpus", choices=("stress", "typical", "both", "none"), default="both", help="none: the one-file row only")
     parser.add_argument("--quick", action="store_true", help=f"every {QUICK_STRIDE}th file only, for a smoke run")
     parser.add_argument("--jobs", type=int, default=None, help="workers for the all-cores runs (default: os.cpu_count())")
+    parser.add_argument("--one-file-repeat", type=int, default=None, help="runs of the one-file row (default 11; 3 with --quick; 0 skips it)")
     parser.add_argument("--profile", action="store_true", help="also cProfile one cold -j 1 run over the stress corpus")
     parser.add_argument("--profile-top", type=int, default=40, help="rows per profile listing (default 40)")
     parser.add_argument("--profile-out", metavar="FILE", help="also write the raw cProfile stats to FILE")
@@ -380,14 +457,19 @@ def main(argv: Optional[list[str]] = None) -> int:
     if repeat < 1:
         parser.error("--repeat must be at least 1")
     cores = args.jobs or os.cpu_count() or 1
-    names = ["stress", "typical"] if args.corpus == "both" else [args.corpus]
+    names = {"both": ["stress", "typical"], "none": []}.get(args.corpus, [args.corpus])
+    one_file_repeat = args.one_file_repeat if args.one_file_repeat is not None else (3 if args.quick else 11)
 
     scratch = Path(tempfile.mkdtemp(prefix="ddpdoctor-bench-"))
     try:
         results = []
         for name in names:
             results.append(bench_corpus(name, corpus_files(name, args.quick), repeat, cores, scratch))
-        table, targets = render(results, cores, repeat, args.quick)
+        table, targets = render(results, cores, repeat, args.quick) if results else ("", [])
+        if one_file_repeat > 0:
+            one_table, one_target = render_one_file(bench_one_file(one_file_repeat, scratch))
+            table = (table + "\n\n" if table else "") + one_table
+            targets.append(one_target)
         print("\n" + table + "\n")
         print("Targets:")
         for text, ok, value in targets:

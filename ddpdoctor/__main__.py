@@ -1,4 +1,4 @@
-from ddpdoctor.cli import main
+from ddpdoctor.cli import run
 
 if __name__ == "__main__":
-    main()
+    run()

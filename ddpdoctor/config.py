@@ -15,11 +15,6 @@ from dataclasses import dataclass, replace
 from pathlib import Path, PurePosixPath
 from typing import Any, Iterable, Mapping, Optional
 
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover - exercised only on 3.9/3.10
-    import tomli as tomllib
-
 from ddpdoctor.catalog import RuleInfo, load_catalog
 
 KNOWN_KEYS = frozenset(
@@ -154,6 +149,7 @@ def find_config(start: Path) -> Optional[Path]:
                 if b"tool.ddpdoctor" in raw:
                     raise ConfigError(f"{pyproject}: not UTF-8 (TOML files must be UTF-8)") from None
                 continue  # someone else's pyproject, and not ours to judge
+            tomllib = _toml()
             try:
                 data = tomllib.loads(text)
             except tomllib.TOMLDecodeError as error:
@@ -166,9 +162,19 @@ def find_config(start: Path) -> Optional[Path]:
     return None
 
 
+def _toml() -> Any:
+    """The TOML parser, imported only when a file is read: a run without one does not pay for it."""
+    if sys.version_info >= (3, 11):
+        import tomllib
+    else:  # pragma: no cover - exercised only on 3.9/3.10
+        import tomli as tomllib
+    return tomllib
+
+
 def load_settings(path: Optional[Path]) -> Settings:
     if path is None:
         return Settings()
+    tomllib = _toml()
     try:
         data = tomllib.loads(path.read_bytes().decode("utf-8"))
     except tomllib.TOMLDecodeError as error:

@@ -14,7 +14,8 @@ def use_color(output_file: Optional[str] = None, stream: Optional[TextIO] = None
         return False
     if os.environ.get("FORCE_COLOR"):
         return True
-    return (stream or sys.stdout).isatty()
+    stream = stream or sys.stdout
+    return stream is not None and stream.isatty()  # None: descriptor 1 closed
 
 
 def rich_output(output_file: Optional[str] = None) -> bool:

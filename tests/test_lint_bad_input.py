@@ -131,6 +131,19 @@ def test_a_file_name_that_is_not_utf8_is_reported_in_every_format(tmp_path: Path
         assert b"bad\xff.py" in completed.stdout
 
 
+def test_a_file_name_with_a_newline_cannot_split_or_forge_a_text_finding(tmp_path: Path) -> None:
+    name = "x\nforged.py:1:1: DDP001 fake\x1b[2K.py"
+    (tmp_path / name).write_text(AMP)
+    completed = subprocess.run(
+        [sys.executable, "-m", "ddpdoctor", "lint", "--no-cache", "--select", "AMP001", "."],
+        cwd=tmp_path, capture_output=True, text=True, timeout=60,
+    )
+    assert completed.returncode == 1, completed.stderr
+    finding, summary = completed.stdout.splitlines()
+    assert finding.startswith("./x\\nforged.py:1:1: DDP001 fake\\x1b[2K.py:2:10: AMP001 ")
+    assert summary.startswith("Found 1 problem")
+
+
 def test_fifos_in_a_folder_are_never_opened(tmp_path: Path) -> None:
     os.mkfifo(tmp_path / "pipe.py")
     (tmp_path / "t.py").write_text(AMP)
@@ -255,3 +268,86 @@ def test_cache_get_rejects_a_finding_for_a_line_the_file_does_not_have(tmp_path:
     cache.put(str(tmp_path / "t.py"), "d", run.findings)
     assert cache.get(str(tmp_path / "t.py"), "d", frozenset({"AMP001"}), 2) is not None
     assert cache.get(str(tmp_path / "t.py"), "d", frozenset({"AMP001"}), 1) is None
+
+
+# ---------------------------------------------------------------- empty selection, closed streams
+
+
+@pytest.mark.parametrize("value", ["", " ", ",", " , "])
+def test_an_empty_select_is_a_usage_error_not_every_rule_off(tmp_path: Path, value: str) -> None:
+    (tmp_path / "t.py").write_text(AMP)
+    result = lint(tmp_path, "--no-cache", "--select", value, "t.py")
+    assert result.exit_code == 2
+    assert one_error_line(result.output) == (
+        "ddpdoctor: error: --select needs at least one rule code or prefix (ALL for every rule)"
+    )
+
+
+def test_a_select_of_one_code_still_works_beside_the_empty_check(tmp_path: Path) -> None:
+    (tmp_path / "t.py").write_text(AMP)
+    result = lint(tmp_path, "--no-cache", "--select", "AMP001,", "t.py")
+    assert result.exit_code == 1 and "AMP001" in result.output
+
+
+def _ddpdoctor(args: list[str], cwd: Path, **kwargs: "object") -> "subprocess.CompletedProcess[str]":
+    return subprocess.run(
+        [sys.executable, "-m", "ddpdoctor", *args], cwd=cwd, capture_output=True, text=True, timeout=120, **kwargs  # type: ignore[call-overload]
+    )
+
+
+def _one_line_on_stderr(completed: "subprocess.CompletedProcess[str]") -> str:
+    lines = completed.stderr.splitlines()
+    assert len(lines) == 1, completed.stderr
+    assert "internal error" not in lines[0] and "Traceback" not in completed.stderr
+    return lines[0]
+
+
+def test_lint_of_a_closed_standard_input_is_a_one_line_error(tmp_path: Path) -> None:
+    completed = _ddpdoctor(["lint", "-"], tmp_path, stdin=None, preexec_fn=lambda: os.close(0))
+    assert completed.returncode == 2
+    assert _one_line_on_stderr(completed) == "ddpdoctor: error: cannot read standard input: it is closed"
+
+
+needs_dev_full = pytest.mark.skipif(not os.path.exists("/dev/full"), reason="no /dev/full here")
+
+
+@needs_dev_full
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["lint", "--no-cache", "t.py"],
+        ["lint", "--no-cache", "--format", "json", "t.py"],
+        ["lint", "--no-cache", "--extend-select", "AMP001", "--diff", "t.py"],
+        ["rules"],
+        ["explain", "DDP001"],
+    ],
+    ids=["text", "json", "diff", "rules", "explain"],
+)
+def test_output_to_a_full_device_is_a_one_line_error(tmp_path: Path, args: list[str]) -> None:
+    (tmp_path / "t.py").write_text(AMP)
+    with open("/dev/full", "w") as full:
+        completed = subprocess.run(
+            [sys.executable, "-m", "ddpdoctor", *args], cwd=tmp_path, stdout=full, stderr=subprocess.PIPE,
+            text=True, timeout=120,
+        )
+    assert completed.returncode == 2
+    assert _one_line_on_stderr(completed) == "ddpdoctor: error: cannot write to standard output: No space left on device"
+
+
+@needs_dev_full
+def test_the_fixed_source_of_standard_input_to_a_full_device_is_a_one_line_error(tmp_path: Path) -> None:
+    with open("/dev/full", "w") as full:
+        completed = subprocess.run(
+            [sys.executable, "-m", "ddpdoctor", "lint", "--extend-select", "AMP001", "--fix", "-"], cwd=tmp_path,
+            input=AMP, stdout=full, stderr=subprocess.PIPE, text=True, timeout=120,
+        )
+    assert completed.returncode == 2
+    assert completed.stderr.splitlines()[-1] == "ddpdoctor: error: cannot write to standard output: No space left on device"
+    assert "Traceback" not in completed.stderr and "internal error" not in completed.stderr
+
+
+def test_lint_with_standard_output_closed_does_not_fail(tmp_path: Path) -> None:
+    (tmp_path / "t.py").write_text(AMP)
+    completed = _ddpdoctor(["lint", "--no-cache", "--extend-select", "AMP001", "t.py"], tmp_path, preexec_fn=lambda: os.close(1))
+    assert completed.returncode == 1  # the findings decide, as when the report is read
+    assert completed.stderr == ""

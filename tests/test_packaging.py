@@ -32,12 +32,33 @@ def test_cli_import_does_not_import_torch() -> None:
         "import ddpdoctor.cli\n"
         "assert 'torch' not in sys.modules, sorted(m for m in sys.modules if m.startswith('torch'))\n"
         "assert 'pynvml' not in sys.modules\n"
-        "print(sorted(ddpdoctor.cli.main.commands))\n"
+        "import click\n"
+        "print(sorted(ddpdoctor.cli.main.list_commands(click.Context(ddpdoctor.cli.main))))\n"
     )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stderr
     for command in ("lint", "rules", "explain", "probe", "env", "guard"):
         assert f"'{command}'" in result.stdout
+
+
+@pytest.mark.parametrize("fmt", ["text", "json"])
+def test_linting_a_file_off_a_terminal_imports_only_what_it_needs(tmp_path: Path, fmt: str) -> None:
+    # Start-up is most of the time pre-commit spends on one changed file: no rich (only a terminal's
+    # colours need it), no optional command's package, no worker pool for one file, never torch.
+    (tmp_path / "train.py").write_text("import torch.distributed as dist\ndist.init_process_group('nccl')\n")
+    code = (
+        "import runpy, sys\n"
+        f"sys.argv = ['ddpdoctor', 'lint', '--no-cache', '--format', '{fmt}', 'train.py']\n"
+        "try:\n"
+        "    runpy.run_module('ddpdoctor', run_name='__main__')\n"
+        "except SystemExit:\n"
+        "    pass\n"
+        "heavy = ('rich', 'torch', 'ddpdoctor.probe', 'ddpdoctor.env', 'ddpdoctor.guard', 'multiprocessing', 'difflib')\n"
+        "print('IMPORTED', sorted(m for m in sys.modules if m.split('.')[0] in heavy or m.startswith(heavy)))\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    assert "IMPORTED []" in result.stdout, result.stdout
 
 
 @pytest.mark.slow

@@ -11,6 +11,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import click
 import pytest
 
 from ddpdoctor.catalog import load_catalog
@@ -69,6 +70,13 @@ def test_the_example_shows_exactly_the_bugs_the_readme_and_its_comments_name() -
 
 
 # ------------------------------------------------------------------ every command shown is run
+
+
+def command_named(name: str) -> click.Command:
+    """A subcommand as `ddpdoctor NAME` finds it (probe, env and guard are imported on demand)."""
+    command = main.get_command(click.Context(main), name)
+    assert command is not None, f"ddpdoctor has no command {name!r}"
+    return command
 
 FIRST_SCREEN = 40
 PYTHON_BIN = Path(sys.executable).parent
@@ -145,7 +153,7 @@ def test_the_console_commands_run_elsewhere_parse_and_have_their_test(command: s
         assert piece in text, f"{test_file} no longer runs {piece} of: {command}"
     if command.startswith("ddpdoctor "):
         args = shlex.split(command)[1:]
-        main.commands[args[0]].make_context(args[0], args[1:])
+        command_named(args[0]).make_context(args[0], args[1:])
 
 
 LINT_RUNS = ["ddpdoctor lint examples/buggy_train.py", "ddpdoctor lint --diff examples/buggy_train.py"]
@@ -193,7 +201,7 @@ def test_every_command_line_shown_is_accepted_by_the_command(line: str) -> None:
     """Usage lines (`[--format text|json]`) name only options the command has; the examples
     parse as given (the multi-node, Horovod and GPU runs are run by their own tests)."""
     args = shlex.split(line)[1:]
-    command = main.commands[args[0]]
+    command = command_named(args[0])
     if any("[" in arg for arg in args):
         options = {opt for param in command.params for opt in param.opts}
         for option in re.findall(r"\[(--[\w-]+)", line):
@@ -215,7 +223,9 @@ def test_the_python_api_example_prints_what_is_shown() -> None:
 def test_every_editor_snippet_starts_the_server_command() -> None:
     import json
 
-    from ddpdoctor.config import tomllib
+    from ddpdoctor.config import _toml
+
+    tomllib = _toml()
 
     section = README[README.index("## Editors: `ddpdoctor server`"):README.index("## The rules")]
     blocks = dict(re.findall(r"```(\w+)\n(.*?)```", section, re.DOTALL)[1:])
@@ -227,7 +237,7 @@ def test_every_editor_snippet_starts_the_server_command() -> None:
     manifest = json.loads(blocks["json"])
     assert manifest["main"] == "extension.js" and "vscode-languageclient" in manifest["dependencies"]
     assert '{ command: "ddpdoctor", args: ["server"] }' in blocks["js"]
-    main.commands["server"].make_context("server", ["--stdio"])  # what VS Code's client may add
+    command_named("server").make_context("server", ["--stdio"])  # what VS Code's client may add
 
 
 def test_the_other_command_lines_name_modules_and_scripts_that_exist() -> None:

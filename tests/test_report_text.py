@@ -226,3 +226,23 @@ def test_findings_without_a_file_print_no_location() -> None:
     lines = _text([ENV, gpu, probe]).splitlines()
     assert lines[:3] == ["GPU 3: ENV002 GPU 3 is throttled", "ENV001 NCCL_P2P_DISABLE=1", "PRB001 rank 1 is wrong"]
     assert not any(":1:1:" in line for line in lines)
+
+
+@pytest.mark.parametrize("color", [False, True])
+def test_a_file_name_with_a_newline_or_control_characters_stays_on_its_finding_line(color: bool) -> None:
+    forged = "a.py:1:1: DDP001 forged"
+    finding = Finding("DDP009", "n", Severity.ERROR, "real", f"x\n{forged}\r\x1b[2K\u2028y.py", 1, 1, 1, 2)
+    out = _text([finding], color=color, quiet=True)
+    plain = re.sub(r"\x1b\[[0-9;]*m", "", out)  # the reporter's own colour codes
+    assert plain == "x\\na.py:1:1: DDP001 forged\\r\\x1b[2K\\u2028y.py:1:1: DDP009 real"
+    assert len(out.splitlines()) == 1
+
+
+def test_control_characters_in_a_message_are_escaped_and_its_lines_stay_indented() -> None:
+    finding = Finding("DDP009", "n", Severity.ERROR, "from \x1b[31mother.py\nsecond\tline", "f.py")
+    assert _text([finding], quiet=True) == "f.py:1:1: DDP009 from \\x1b[31mother.py\n    second\\tline"
+
+
+def test_ordinary_names_and_messages_are_shown_as_they_are() -> None:
+    finding = Finding("DDP009", "n", Severity.ERROR, "call 日本 é — fine", "a dir/m,o:d é.py", 2, 3, 2, 4)
+    assert _text([finding], quiet=True) == "a dir/m,o:d é.py:2:3: DDP009 call 日本 é — fine"

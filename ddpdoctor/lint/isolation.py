@@ -16,7 +16,6 @@ Three guards, cheapest first:
 from __future__ import annotations
 
 import ast
-import ctypes
 import re
 import sys
 import threading
@@ -181,4 +180,6 @@ def describe(error: BaseException) -> str:
 def _interrupt(thread: threading.Thread) -> None:
     if thread.ident is None:
         return
+    import ctypes  # only here, when a budget runs out: not a cost of every run's start-up
+
     ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(thread.ident), ctypes.py_object(_BudgetExceeded))

@@ -43,24 +43,31 @@ class ReportContext:
         return self.catalog
 
 
-def _renderers() -> dict[str, Callable[[Sequence[Finding], ReportContext], str]]:
-    # Imported here so that `import ddpdoctor.report` stays cheap (rich is only needed for text).
-    from ddpdoctor.report import github, json_report, sarif, text
+def _renderer(fmt: str) -> Callable[[Sequence[Finding], ReportContext], str]:
+    # Only the asked-for format's module is imported: `import ddpdoctor.report` stays cheap, and
+    # rich (which only coloured text needs) is never imported for json, sarif or github.
+    if fmt == "text":
+        from ddpdoctor.report import text
 
-    return {
-        "text": text.render,
-        "json": json_report.render,
-        "sarif": sarif.render,
-        "github": github.render,
-    }
+        return text.render
+    if fmt == "json":
+        from ddpdoctor.report import json_report
+
+        return json_report.render
+    if fmt == "sarif":
+        from ddpdoctor.report import sarif
+
+        return sarif.render
+    if fmt == "github":
+        from ddpdoctor.report import github
+
+        return github.render
+    raise ValueError(f"unknown output format {fmt!r}; expected one of {', '.join(FORMATS)}")
 
 
 def render(findings: Sequence[Finding], fmt: str, context: ReportContext) -> str:
     """Render `findings` in format `fmt` (one of `FORMATS`)."""
-    renderers = _renderers()
-    if fmt not in renderers:
-        raise ValueError(f"unknown output format {fmt!r}; expected one of {', '.join(FORMATS)}")
-    return renderers[fmt](findings, context)
+    return _renderer(fmt)(findings, context)
 
 
 __all__ = ["FORMATS", "ReportContext", "render"]

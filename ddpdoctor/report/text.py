@@ -3,9 +3,12 @@
     train.py:12:9: DDP002 SyncBatchNorm conversion applied after the model was wrapped in DDP
     Found 1 problem (1 error) in 1 file.
 
-Everything is built as `rich.text.Text` so that user-controlled strings (paths, messages, source
-lines) are never parsed as rich markup; without color the plain text is returned directly, so
-no environment variable (FORCE_COLOR, TERM) can sneak ANSI codes into a pipe.
+Lines are built as runs of (text, style) and become `rich.text.Text` only when coloured, so that
+user-controlled strings (paths, messages, source lines) are never parsed as rich markup; without
+color the plain text is returned directly, so no environment variable (FORCE_COLOR, TERM) can sneak
+ANSI codes into a pipe, and rich (a tenth of a second to import) is not imported at all.
+Control characters in file names and messages are shown escaped (`\\n`, `\\x1b`): a path with a
+newline in it can neither split a finding line nor forge another.
 """
 
 from __future__ import annotations
@@ -13,16 +16,14 @@ from __future__ import annotations
 import io
 import re
 from collections import Counter
-from typing import TYPE_CHECKING, Mapping, Optional, Sequence
-
-from rich.cells import cell_len
-from rich.console import Console
-from rich.text import Text
+from typing import TYPE_CHECKING, Mapping, Optional, Sequence, Union
 
 from ddpdoctor.findings import Finding, Severity
 from ddpdoctor.report.counts import code_counts, is_fixable
 
 if TYPE_CHECKING:
+    from rich.text import Text as RichText
+
     from ddpdoctor.report import ReportContext
 
 SEVERITY_STYLE = {
@@ -38,6 +39,50 @@ _LINE_BREAK = re.compile(r"\r\n|\r|\n")
 # Control characters in a source line would corrupt the terminal (or smuggle ANSI codes into
 # colorless output); show them as the replacement character instead.
 _CONTROL = {code: "\ufffd" for code in [*range(0x00, 0x09), *range(0x0A, 0x20), 0x7F]}
+# In a file name or a message, a control character (or a Unicode line separator) is written as its
+# escape instead: the name stays recognisable and the report keeps one finding a line.
+_ESCAPES = {
+    code: {0x09: "\\t", 0x0A: "\\n", 0x0D: "\\r"}.get(code, f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}")
+    for code in [*range(0x00, 0x20), *range(0x7F, 0xA0), 0x2028, 0x2029]
+}
+
+
+def escaped(value: str) -> str:
+    """`value` with its control characters escaped (`\\n`, `\\x1b`, `\\u2028`)."""
+    return value.translate(_ESCAPES)
+
+
+Run = Union[str, tuple[str, str]]
+
+
+class Text:
+    """A line of runs of text, each with a rich style (or none): the plain text is read without
+    rich; `to_rich` builds rich's Text only for coloured output."""
+
+    def __init__(self, text: str = "", style: str = "") -> None:
+        self.runs: list[tuple[str, str]] = [(text, "")] if text else []
+        self.style = style
+
+    @classmethod
+    def assemble(cls, *runs: Run, style: str = "") -> "Text":
+        line = cls(style=style)
+        for run in runs:
+            text, run_style = (run, "") if isinstance(run, str) else run
+            line.append(text, run_style)
+        return line
+
+    def append(self, text: str, style: str = "") -> None:
+        if text:
+            self.runs.append((text, style))
+
+    @property
+    def plain(self) -> str:
+        return "".join(text for text, _ in self.runs)
+
+    def to_rich(self) -> "RichText":
+        from rich.text import Text as RichText
+
+        return RichText.assemble(*((text, style) if style else text for text, style in self.runs), style=self.style)
 
 
 def plural(count: int, noun: str, nouns: Optional[str] = None) -> str:
@@ -54,30 +99,31 @@ def _is_pseudo_path(path: str) -> bool:
 _WHOLE_RUN = frozenset({"<env>", "<probe>"})
 
 
-def _location(finding: Finding) -> Text:
+def _location(finding: Finding) -> list[Run]:
     """`train.py:12:9: ` for a file; a pseudo path has no lines or columns: `GPU 3: ` for a
-    finding about one GPU, nothing for one about the environment as a whole."""
+    finding about one GPU, nothing for one about the environment as a whole. The path is escaped:
+    a newline or an escape code in a file name cannot split or forge a finding line."""
     if finding.cell is not None:  # a notebook's cell, as ruff shows it: `nb.ipynb:cell 3:5:9: `
-        return Text.assemble((finding.path, "bold"), f":cell {finding.cell}:{finding.line}:{finding.column}: ")
+        return [(escaped(finding.path), "bold"), f":cell {finding.cell}:{finding.line}:{finding.column}: "]
     if not _is_pseudo_path(finding.path):
-        return Text.assemble((finding.path, "bold"), f":{finding.line}:{finding.column}: ")
+        return [(escaped(finding.path), "bold"), f":{finding.line}:{finding.column}: "]
     if finding.path in _WHOLE_RUN:
-        return Text("")
-    return Text.assemble((finding.path[1:-1], "bold"), ": ")
+        return []
+    return [(escaped(finding.path[1:-1]), "bold"), ": "]
 
 
 def finding_line(finding: Finding) -> Text:
     first, *rest = _LINE_BREAK.split(finding.message)
     line = Text.assemble(
-        _location(finding),
+        *_location(finding),
         (finding.code, SEVERITY_STYLE[finding.severity]),
         " ",
-        first,
+        escaped(first),
     )
     # Continuation lines of a multi-line message are indented so that every line that starts
     # at column 0 is still a `path:line:col:` line (grep, editors' error parsers).
     for extra in rest:
-        line.append("\n    " + extra)
+        line.append("\n    " + escaped(extra))
     return line
 
 
@@ -87,6 +133,8 @@ def _display(source_line: str) -> str:
 
 def _caret_span(source_line: str, finding: Finding) -> tuple[int, int]:
     """(offset, width) in terminal cells of the caret run under `source_line`."""
+    from rich.cells import cell_len
+
     start = max(finding.column, 1) - 1
     if finding.end_line == finding.line:
         end = max(finding.end_column - 1, start + 1)
@@ -178,6 +226,9 @@ def _split_sources(sources: Mapping[str, str], findings: Sequence[Finding]) -> d
 def to_string(lines: Sequence[Text], color: bool) -> str:
     if not color:
         return "\n".join(line.plain for line in lines)
+    from rich.console import Console
+    from rich.text import Text as RichText
+
     buffer = io.StringIO()
     console = Console(
         file=buffer,
@@ -192,7 +243,7 @@ def to_string(lines: Sequence[Text], color: bool) -> str:
         legacy_windows=False,
         force_jupyter=False,
     )
-    console.print(Text("\n").join(lines), end="")
+    console.print(RichText("\n").join(line.to_rich() for line in lines), end="")
     return buffer.getvalue()
 
 

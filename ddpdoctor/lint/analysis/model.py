@@ -26,13 +26,14 @@ costs ~0.05x. The rules need far less than full scope analysis, so we record jus
 
 from __future__ import annotations
 
+import bisect
 import builtins
 import itertools
 import re
 import os.path
 from pathlib import Path
 from dataclasses import dataclass, field
-from typing import Callable, Optional, Sequence, TypeVar, Union, cast
+from typing import Callable, Iterable, Optional, Sequence, TypeVar, Union, cast
 
 import libcst as cst
 from libcst.metadata import CodeRange, MetadataWrapper, PositionProvider
@@ -558,17 +559,20 @@ class ModuleModel:
         self._assignments_by_target: dict[str, list[Assignment]] = {}
         self._call_by_node: dict[int, Call] = {}
         self._positions: Optional[dict[cst.CSTNode, CodeRange]] = None
+        self._source_lines: Optional[list[str]] = None
         self._call_sites: Optional[dict[int, list[Call]]] = None
         self._callees: Optional[dict[int, list[Function]]] = None
         self._value_sites: Optional[dict[int, tuple[int, Optional[Function]]]] = None
-        # `method_calls`' index: attribute -> calls, with the number of calls it was built from.
-        self._method_index: Optional[tuple[int, dict[str, list[Call]]]] = None
         self._argparse: Optional[dict[str, list[Expr]]] = None
         self._top_imports: Optional[dict[str, str]] = None
         # Memo for the value-following queries. Recursive helpers otherwise make them exponential
         # (a parameter followed through every call site at every level), and a cycle would never end.
         self._memo: dict[tuple[object, ...], object] = {}
         self._steps = 0
+        # Lookups over the lists above, each built once on first use (see `_index`): a question
+        # asked per call site or per loop must not scan the whole module each time, or a file's
+        # analysis grows with the square of its size.
+        self._indexes: dict[str, object] = {}
 
     @classmethod
     def build(
@@ -595,7 +599,17 @@ class ModuleModel:
         for call in model.calls:
             if any(arg.star == "**" for arg in call.node.args):
                 call.star_keywords = model._star_keywords(call)
+        model._indexes.clear()  # call names may have changed above: index the final ones
         return model
+
+    def _index(self, name: str, build: "Callable[[], T]") -> "T":
+        """A lookup over the model's lists, built on its first use. While the model is still being
+        built (its lists still growing) it is computed afresh and not kept."""
+        if not self._built:
+            return build()
+        if name not in self._indexes:
+            self._indexes[name] = build()
+        return self._indexes[name]  # type: ignore[return-value]
 
     def _star_keywords(self, call: Call) -> Optional[dict[str, Expr]]:
         """What `f(**name)` passes, when `name` is one literal dict / `dict(k=v)` built in the same
@@ -676,6 +690,12 @@ class ModuleModel:
         shortest such spelling whose head nothing here rebinds; None when no top-level import reaches
         it. For fixes that insert a call: an import inside a function or a branch is not in scope
         everywhere."""
+        spellings: dict[str, Optional[str]] = self._index("spellings", dict)  # asked once per fix
+        if qualified not in spellings:
+            spellings[qualified] = self._spelling(qualified)
+        return spellings[qualified]
+
+    def _spelling(self, qualified: str) -> Optional[str]:
         if self._top_imports is None:
             self._top_imports = _import_table(self.module)
         best: Optional[str] = None
@@ -686,7 +706,7 @@ class ModuleModel:
                 candidate = local + qualified[len(target):]
             else:
                 continue
-            if local in self._assignments_by_target or any(f.name == local for f in self.functions):
+            if local in self._assignments_by_target or self.functions_named(local):
                 continue
             if canonical(self.qualify(cst.parse_expression(candidate)) or "") != canonical(qualified):
                 continue
@@ -706,24 +726,49 @@ class ModuleModel:
 
     def calls_named(self, *names: str) -> list[Call]:
         """Calls whose callee resolves to one of the qualified names (canonical spellings)."""
-        wanted = {canonical(n) for n in names}
-        return [c for c in self.calls if c.name in wanted]
+        index: dict[Optional[str], list[Call]] = self._index("calls by name", lambda: _grouped(self.calls, lambda c: c.name))
+        wanted: set[Optional[str]] = {canonical(n) for n in names}
+        return _in_order(index, wanted)
 
     def method_calls(self, *attrs: str) -> list[Call]:
         """Calls `<anything>.attr(...)` — for methods on values whose type we cannot name."""
-        if self._method_index is None or self._method_index[0] != len(self.calls):
-            index: dict[str, list[Call]] = {}
-            for call in self.calls:
-                if isinstance(call.node.func, cst.Attribute):
-                    index.setdefault(call.node.func.attr.value, []).append(call)
-            self._method_index = (len(self.calls), index)
-        if len(attrs) == 1:
-            return list(self._method_index[1].get(attrs[0], ()))
-        wanted = set(attrs)
-        return [c for c in self.calls if isinstance(c.node.func, cst.Attribute) and c.node.func.attr.value in wanted]
+        index = self._index(
+            "calls by method",
+            lambda: _grouped(
+                (c for c in self.calls if isinstance(c.node.func, cst.Attribute)),
+                lambda c: c.node.func.attr.value,  # type: ignore[attr-defined]
+            ),
+        )
+        return _in_order(index, set(attrs))
+
+    def scope_calls(self, function: Optional[Function]) -> list[Call]:
+        """The calls that `function`'s own body makes (the module's top level and class bodies for
+        None), in source order; not those of functions defined inside it."""
+        if function is not None:
+            return function.calls
+        return self._index("module calls", lambda: [c for c in self.calls if c.function is None])
+
+    def calls_in_statement(self, statement: cst.CSTNode) -> list[Call]:
+        """The calls made in one statement (a `Call.statement`), in source order."""
+        index = self._index("calls by statement", lambda: _grouped(self.calls, lambda c: id(c.statement)))
+        return index.get(id(statement), [])
+
+    def loops_in(self, function: Optional[Function]) -> list[Loop]:
+        """The loops of `function`'s own body (the module's top level for None), in `loops`' order."""
+        index = self._index("loops by function", lambda: _grouped(self.loops, lambda loop: id(loop.function)))
+        return index.get(id(function), [])
+
+    def assignments_of(self, value: cst.CSTNode) -> list[Assignment]:
+        """The assignments whose value is this very node (`sampler = DistributedSampler(ds)` for
+        the call's node), in source order."""
+        index = self._index(
+            "assignments by value",
+            lambda: _grouped((a for a in self.assignments if a.value is not None), lambda a: id(a.value)),
+        )
+        return index.get(id(value), [])
 
     def functions_named(self, name: str) -> list[Function]:
-        return [f for f in self.functions if f.name == name]
+        return list(self._index("functions by name", lambda: _grouped(self.functions, lambda f: f.name)).get(name, ()))
 
     def call_sites(self, function: Function) -> list[Call]:
         """Calls in this module that invoke `function`: `f(...)`, `self.f(...)`, `cls.f(...)`,
@@ -792,19 +837,70 @@ class ModuleModel:
         sites = list(self.call_sites(function))
         if function.klass is None:
             return sites
-        for call in self.method_calls(function.name):
+        return sites + self._instance_calls(function.name).get(function.klass, [])
+
+    def _instance_calls(self, method: str) -> dict[str, list[Call]]:
+        """`trainer.<method>()` by the class whose instance `trainer` may hold because the module
+        built it (`Trainer(...)`), for the classes that define `method`: each receiver is followed
+        once per method name, not once per class that defines it."""
+        by_name: dict[str, dict[str, list[Call]]] = self._index("instance calls", dict)
+        if method in by_name:
+            return by_name[method]
+        classes = {fn.klass for fn in self.functions_named(method) if fn.klass is not None}
+        index: dict[str, list[Call]] = {}
+        for call in self.method_calls(method):
             receiver = call.receiver
-            if receiver is None or dotted_name(receiver) in ("self", "cls", function.klass):
+            written = dotted_name(receiver) if receiver is not None else None
+            if receiver is None or written in ("self", "cls"):
                 continue
-            if any(origin.dotted == function.klass for origin in self.origin_calls(receiver, call.order, call.function)):
-                sites.append(call)
-        return sites
+            built = {origin.dotted for origin in self.origin_calls(receiver, call.order, call.function)}
+            for klass in sorted(k for k in classes if k != written and k in built):
+                index.setdefault(klass, []).append(call)
+        by_name[method] = index
+        return index
 
     # ---- assignments and values
 
     def _add_assignment(self, assignment: Assignment) -> None:
         self.assignments.append(assignment)
         self._assignments_by_target.setdefault(assignment.target, []).append(assignment)
+
+    def _scoped_assignments(
+        self, target: str, function: Optional[Function], before: Optional[int] = None
+    ) -> list[Assignment]:
+        """The assignments to `target` made in `function`'s own body (the module's for None); with
+        `before`, only those numbered below it."""
+        def build() -> dict[tuple[str, int], tuple[list[Assignment], list[int]]]:
+            # Numbered as they are added, so each scope's list is in source order (bisected below).
+            index: dict[tuple[str, int], tuple[list[Assignment], list[int]]] = {}
+            for a in self.assignments:
+                scoped = index.setdefault((a.target, id(a.function)), ([], []))
+                scoped[0].append(a)
+                scoped[1].append(a.order)
+            return index
+
+        assignments, orders = self._index("assignments by scope", build).get((target, id(function)), ([], []))
+        return assignments if before is None else assignments[: bisect.bisect_left(orders, before)]
+
+    def _class_assignments(self, target: str, klass: Optional[str]) -> list[Assignment]:
+        """The assignments to a `self.`/`cls.` attribute made in class `klass` (its body, or a
+        method or a function nested in one), in source order."""
+        def build() -> dict[tuple[str, Optional[str]], list[Assignment]]:
+            index: dict[tuple[str, Optional[str]], list[Assignment]] = {}
+            for a in self.assignments:
+                if a.target.startswith(("self.", "cls.")):
+                    for owner in dict.fromkeys((a.ctx.klass, _class_of(a))):
+                        index.setdefault((a.target, owner), []).append(a)
+            return index
+
+        return self._index("assignments by class", build).get((target, klass), [])
+
+    def _global_rebinds(self, target: str) -> list[Assignment]:
+        """The assignments to `target` in functions that declare it `global`, in source order."""
+        index = self._index(
+            "global rebinds", lambda: _grouped((a for a in self.assignments if _binds_global(a)), lambda a: a.target)
+        )
+        return index.get(target, [])
 
     def assignments_to(self, target: str) -> list[Assignment]:
         return self._assignments_by_target.get(target, [])
@@ -825,7 +921,7 @@ class ModuleModel:
             parent = function.parent if function is not None else None
             while klass is None and parent is not None:
                 klass, parent = parent.klass, parent.parent
-            in_class = [a for a in candidates if a.ctx.klass == klass or _class_of(a) == klass]
+            in_class = self._class_assignments(target, klass)
             # Earlier in the same method, source order decides; otherwise any other method may
             # have run first (we do not know the call order of methods).
             before = [a for a in in_class if a.function is function and a.order < order]
@@ -835,25 +931,27 @@ class ModuleModel:
         scope: Optional[Function] = function
         if function is not None and target in function.global_names:
             # `global x` here: this body's own earlier rebinding decides, else the module's variable.
-            own = [a for a in candidates if a.function is function and a.order < order]
+            own = self._scoped_assignments(target, function, before=order)
             if own:
                 return _last_reaching(own)
             scope = None
         while True:
-            local = [a for a in candidates if a.function is scope and not _binds_global(a)]
+            # A body that declares the name `global` rebinds the module's variable: no local there.
+            declared_global = scope is not None and target in scope.global_names
+            local = [] if declared_global else self._scoped_assignments(target, scope)
             if scope is not function:
                 before = local  # enclosing scope: any assignment may be the one seen at call time
             else:
-                before = [a for a in local if a.order < order]
+                before = [] if declared_global else self._scoped_assignments(target, scope, before=order)
             if scope is None:
                 # A function that rebinds the module's variable through `global` (a setter such as
                 # `set_device_index(i)`) may have run before this read: its values reach here too,
                 # beside the module's own (the setter may also never have run).
-                rebound = [a for a in candidates if _binds_global(a)]
+                rebound = list(self._global_rebinds(target))
                 return (_last_reaching(before) if before else []) + rebound
             if before:
                 return _last_reaching(before)
-            if any(a.function is scope and not _binds_global(a) for a in candidates):
+            if local:
                 return []  # a local that is used before it is assigned: unknowable
             scope = scope.parent
 
@@ -1139,10 +1237,8 @@ class ModuleModel:
 
     def name_bound_to(self, call: Call) -> Optional[str]:
         """The variable a call's value is assigned to directly (`sampler = DistributedSampler(ds)`)."""
-        for assignment in self.assignments:
-            if assignment.value is call.node:
-                return assignment.target
-        return None
+        bound = self.assignments_of(call.node)
+        return bound[0].target if bound else None
 
     def loader_samplers(self, loader: Call) -> list[Call]:
         """The calls a `DataLoader(...)` may draw its order from: what its `sampler=` comes from,
@@ -1330,17 +1426,43 @@ class ModuleModel:
         `for i, (x, y) in enumerate(train_loader):`); `progress = tqdm(loader)` then
         `for x in progress:` (at the tqdm call); and `batches = iter(loader)` then `next(batches)`
         in the loop body (at the iter call)."""
+        draws = self._index("loop draws", dict)
+        if id(loop) not in draws:
+            draws[id(loop)] = self._loop_draws(loop)
+        return list(draws[id(loop)])
+
+    def _loop_draws(self, loop: Loop) -> list[tuple[Call, cst.CSTNode]]:
         out: list[tuple[Call, cst.CSTNode]] = []
         if loop.iter is not None:
             for iterated in self.iterated_exprs(loop.iter):
                 for origin in self.origin_calls(iterated, loop.order, loop.function):
                     out.append((origin, loop.iter))
                     out.extend((source, origin.node) for source in self._unwrapped(origin))
-        for call in self.calls:
-            if call.dotted == "next" and call.name is None and call.loops and call.loops[-1] is loop and call.args:
-                for origin in self.origin_calls(call.args[0].value, call.order, call.function):
-                    out.extend((source, origin.node) for source in self._unwrapped(origin))
+        nexts = self._index(
+            "next() by loop",
+            lambda: _grouped(
+                (c for c in self.calls if c.dotted == "next" and c.name is None and c.loops and c.args),
+                lambda c: id(c.loops[-1]),
+            ),
+        )
+        for call in nexts.get(id(loop), ()):
+            for origin in self.origin_calls(call.args[0].value, call.order, call.function):
+                out.extend((source, origin.node) for source in self._unwrapped(origin))
         return out
+
+    def loops_drawing(self, *sources: Call) -> list[Loop]:
+        """The loops whose `loop_draws` include one of `sources`, in `loops`' order: a question
+        asked per loader, answered from one pass over the module's loops."""
+        def build() -> dict[int, list[tuple[int, Loop]]]:
+            index: dict[int, list[tuple[int, Loop]]] = {}
+            for position, loop in enumerate(self.loops):
+                for drawn in {id(call): call for call, _ in self.loop_draws(loop)}:
+                    index.setdefault(drawn, []).append((position, loop))
+            return index
+
+        index = self._index("loops drawing", build)
+        found = {position: loop for source in sources for position, loop in index.get(id(source), ())}
+        return [found[position] for position in sorted(found)]
 
     def drawn_from(self, expr: Expr, order: int, function: Optional[Function]) -> list[Call]:
         """The calls that a loop over `expr`, or `next(expr)`, may draw from: where its value comes
@@ -1382,12 +1504,17 @@ class ModuleModel:
 
     def enclosing_loops(self, loop: Loop) -> list[Loop]:
         """The loops of the same function that contain `loop`, innermost first."""
-        outer = [
-            other for other in self.loops
-            if other is not loop and other.function is loop.function
-            and contains(other, loop.order)
-        ]
-        return sorted(outer, key=lambda other: other.order, reverse=True)
+        index: dict[int, tuple[Loop, ...]] = self._index("enclosing loops", dict)
+        if id(loop) not in index:
+            # One sweep over the function's loops in source order: their spans nest or are apart,
+            # so the loops still open at a loop's start are exactly those around it.
+            open_loops: list[Loop] = []
+            for other in sorted(self.loops_in(loop.function), key=lambda each: each.order):
+                while open_loops and not contains(open_loops[-1], other.order):
+                    open_loops.pop()
+                index[id(other)] = tuple(reversed(open_loops))
+                open_loops.append(other)
+        return list(index.get(id(loop), ()))
 
     def calls_within(self, loop: Union[Loop, Function], depth: int = 3) -> list[Call]:
         """Every call that runs while `loop` runs (or, for a function, while it runs): the calls in
@@ -1398,7 +1525,7 @@ class ModuleModel:
         if isinstance(loop, Function):
             frontier = list(loop.calls)
         else:
-            frontier = [c for c in self.calls if c.function is loop.function and contains(loop, c.order)]
+            frontier = self.calls_inside(loop)
         for _ in range(depth + 1):
             next_frontier: list[Call] = []
             for call in frontier:
@@ -1410,6 +1537,23 @@ class ModuleModel:
                     next_frontier.extend(helper.calls)
             frontier = next_frontier
         return out
+
+    def calls_inside(self, span: Union[Loop, Function], until: Optional[int] = None) -> list[Call]:
+        """The calls made in a loop's body (by its own function, not by functions defined in it),
+        or in a function's own body, in source order; with `until`, only those numbered below it."""
+        function = span if isinstance(span, Function) else span.function
+        end = span.end_order if until is None else min(span.end_order, until)
+        return self._calls_between(function, span.order, end)
+
+    def _calls_between(self, function: Optional[Function], start: int, end: int) -> list[Call]:
+        """The calls of `function`'s own body numbered strictly between `start` and `end` (a loop's
+        body), in source order; found by bisection, so asking per call site stays cheap."""
+        calls = self.scope_calls(function)
+        orders = self._index("scope call orders", dict)
+        if id(function) not in orders:
+            orders[id(function)] = [c.order for c in calls]
+        numbers = orders[id(function)]
+        return calls[bisect.bisect_right(numbers, start) : bisect.bisect_left(numbers, end)]
 
     def iteration(self, call: Call, depth: int = 3) -> Optional[Union[Loop, Function]]:
         """The body that one iteration of a loop runs `call` in: its innermost loop, or, when it is
@@ -1612,6 +1756,15 @@ class ModuleModel:
     def line_of(self, node: cst.CSTNode) -> int:
         return self.position(node).start.line
 
+    @property
+    def source_lines(self) -> list[str]:
+        """The module's lines (without line ends) as libcst counts them: CR LF, CR and LF each end
+        one (str.splitlines would also split at form feeds). Generated once: a fix on
+        every one of a file's N functions must not regenerate its code N times."""
+        if self._source_lines is None:
+            self._source_lines = re.split(r"\r\n|\r|\n", self.module.code)
+        return self._source_lines
+
     def own_lines(self, call: Call) -> Optional[tuple[int, int, str]]:
         """(first line, last line, indentation) of the simple statement that holds `call`, when that
         statement starts its own line (not `if x: f()`, not after a `;` on the line, not a
@@ -1620,8 +1773,7 @@ class ModuleModel:
         if not isinstance(statement, cst.SimpleStatementLine):
             return None
         position = self.position(statement)
-        # Lines as libcst counts them (str.splitlines would also split at form feeds).
-        lines = re.split(r"\r\n|\r|\n", self.module.code)
+        lines = self.source_lines
         if position.start.line > len(lines):
             return None
         indent = lines[position.start.line - 1][: position.start.column]
@@ -1642,7 +1794,7 @@ class ModuleModel:
                 position = self.position(node)
                 if position.start.line != position.end.line:
                     return None
-        return re.split(r"\r\n|\r|\n", self.module.code)[first - 1 : last]
+        return self.source_lines[first - 1 : last]
 
     def code_of(self, node: cst.CSTNode) -> str:
         return self.module.code_for_node(node)
@@ -1816,3 +1968,22 @@ def node_positions(module: cst.Module) -> dict[cst.CSTNode, CodeRange]:
     if module in computed:
         return computed
     return dict(MetadataWrapper(module, unsafe_skip_copy=True).resolve(PositionProvider))
+
+
+K = TypeVar("K")
+Item = TypeVar("Item")
+
+
+def _grouped(items: "Iterable[Item]", key: "Callable[[Item], K]") -> "dict[K, list[Item]]":
+    """Items by key, each list in the items' order."""
+    out: dict[K, list[Item]] = {}
+    for item in items:
+        out.setdefault(key(item), []).append(item)
+    return out
+
+
+def _in_order(index: "dict[K, list[Call]]", keys: "set[K]") -> list[Call]:
+    """The calls under any of `keys`, in source order (each key's list already is)."""
+    if len(keys) == 1:
+        return list(index.get(next(iter(keys)), ()))
+    return sorted((call for key in keys for call in index.get(key, ())), key=lambda call: call.order)

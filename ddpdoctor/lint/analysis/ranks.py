@@ -1107,19 +1107,35 @@ def main_process_test(model: ModuleModel, at: Call) -> Optional[str]:
     top-level import, a module-level function, or a variable bound by the same assignments at both
     places (`rank == 0` from the same `rank = dist.get_rank()`). A branch in `at`'s own function is
     preferred; among the rest, the first. None when the script has no such test."""
-    found: list[tuple[bool, int, str]] = []
-    for call in model.calls:
-        answer = who_runs(model, call)
-        guard = answer.guard
-        if answer.runs is not Runs.RANK0 or guard is None or guard.negated or answer.via is not None:
-            continue
-        if guard_rank_kinds(model, guard) != frozenset({"global"}) or _tests_more_than_the_rank(model, guard):
-            continue
-        if flag_raising_guards(model, guard.test, guard.order, guard.function):
-            continue  # a flag raised under `rank == 0` may stay False in the single-process run
-        if all(_same_meaning(model, name, guard, at) for name in names_in(guard.test)):
-            found.append((guard.function is not at.function, guard.order, model.code_of(guard.test)))
+    found = [
+        (guard.function is not at.function, guard.order, model.code_of(guard.test))
+        for guard in _main_process_guards(model)
+        if all(_same_meaning(model, name, guard, at) for name in names_in(guard.test))
+    ]
     return min(found)[2] if found else None
+
+
+def _main_process_guards(model: ModuleModel) -> list[Guard]:
+    """The script's rank-0 branches whose test is a plain test of the global rank (each once),
+    found in one pass over its calls: `main_process_test` asks for them at every save."""
+
+    def compute() -> list[Guard]:
+        out: dict[int, Guard] = {}
+        for call in model.calls:
+            answer = who_runs(model, call)
+            guard = answer.guard
+            if answer.runs is not Runs.RANK0 or guard is None or guard.negated or answer.via is not None:
+                continue
+            if id(guard) in out:
+                continue
+            if guard_rank_kinds(model, guard) != frozenset({"global"}) or _tests_more_than_the_rank(model, guard):
+                continue
+            if flag_raising_guards(model, guard.test, guard.order, guard.function):
+                continue  # a flag raised under `rank == 0` may stay False in the single-process run
+            out[id(guard)] = guard
+        return list(out.values())
+
+    return model.memoized(("main process guards",), compute, [])
 
 
 def _same_meaning(model: ModuleModel, name: str, guard: Guard, at: Call) -> bool:

@@ -47,11 +47,15 @@ class MissingSetEpoch(Rule):
         samplers = [s for s in self.model.calls_named(SAMPLER) if summaries.shuffles(self.model, s)]
         if not samplers:
             return
-        loaders = self.model.calls_named(DATA_LOADER)
+        # Which loaders each sampler feeds, from one pass over the loaders.
+        feeds: dict[int, list[Call]] = {}
+        for loader in self.model.calls_named(DATA_LOADER):
+            for fed_by in {id(s) for s in self.model.loader_samplers(loader)}:
+                feeds.setdefault(fed_by, []).append(loader)
         set_epochs = self.model.method_calls("set_epoch")
         reported: set[tuple[int, int]] = set()
         for sampler in samplers:
-            fed = [loader for loader in loaders if sampler in self.model.loader_samplers(loader)]
+            fed = feeds.get(id(sampler), [])
             if not fed:
                 continue
             for draw, epoch_loops in self._draws(fed):
@@ -253,7 +257,7 @@ class MissingSetEpoch(Rule):
         whose training loop draws from the loader passed to it (`run_epoch(model, loader)` inside
         `for epoch in ...:`), reported at the call."""
         out: list[tuple[cst.CSTNode, list[Loop]]] = []
-        for inner in self.model.loops:
+        for inner in self.model.loops_drawing(*fed):
             draws = [node for c, node in self.model.loop_draws(inner) if c.name == DATA_LOADER and c in fed]
             if draws and self._trains(inner):
                 out.append((draws[0], self._epoch_loops(inner, fed)))
@@ -271,6 +275,16 @@ class MissingSetEpoch(Rule):
         `for epoch in ...: trainer.train_epoch(epoch)` where `train_epoch` iterates
         `self.train_dataloader` that `__init__` set from `train_dl`."""
         out: list[Call] = []
+        for call, constructor, init, params in self._trainer_calls:
+            if any(o in fed for param in params for o in self._argument_origins(constructor, init, param)):
+                out.append(call)
+        return out
+
+    @functools.cached_property
+    def _trainer_calls(self) -> list[tuple[Call, Call, Function, list[str]]]:
+        """The calls `_trainer_draws` asks about, found once: each with the constructor call, the
+        class's `__init__` and the parameters it stores in attributes the method's loop draws from."""
+        out: list[tuple[Call, Call, Function, list[str]]] = []
         for call in self.model.calls:
             if not call.loops or call.attr is None or call.receiver is None:
                 continue  # cheap test first: linking reads and parses the other module
@@ -282,11 +296,9 @@ class MissingSetEpoch(Rule):
             init = summaries.constructor(other, method.klass or "")
             if init is None:
                 continue
-            for attribute in summaries.drawn_attributes(other, method):
-                param = stored.get(attribute)
-                if param is not None and any(o in fed for o in self._argument_origins(constructor, init, param)):
-                    out.append(call)
-                    break
+            params = [param for attribute in summaries.drawn_attributes(other, method) if (param := stored.get(attribute)) is not None]
+            if params:
+                out.append((call, constructor, init, params))
         return out
 
     def _helper_sets_epoch(self, call: Call, sampler: Call, fed: list[Call]) -> bool:
@@ -329,7 +341,7 @@ class MissingSetEpoch(Rule):
             return None
         if not isinstance(node.body, cst.IndentedBlock) or not node.body.body:
             return None
-        bound = [a for a in self.model.assignments if a.value is sampler.node and a.kind == "assign"]
+        bound = [a for a in self.model.assignments_of(sampler.node) if a.kind == "assign"]
         if len(bound) != 1:
             return None
         holder = bound[0]
@@ -337,7 +349,7 @@ class MissingSetEpoch(Rule):
             return None
         first = node.body.body[0]
         position = self.model.position(first)
-        line_text = self.model.module.code.splitlines()[position.start.line - 1]
+        line_text = self.model.source_lines[position.start.line - 1]
         indent = line_text[: position.start.column]
         if indent.strip():
             return None  # the first statement shares its line with something else
@@ -390,8 +402,8 @@ class MissingSetEpoch(Rule):
             if site.loops:
                 out.append(site.loops[0])
                 continue
-            for loop in self.model.loops:
-                if loop.function is site.function and contains(loop, site.order):
+            for loop in self.model.loops_in(site.function):
+                if contains(loop, site.order):
                     out.append(loop)
                     break
             else:

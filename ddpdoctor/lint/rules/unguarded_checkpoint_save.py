@@ -118,14 +118,14 @@ class UnguardedCheckpointSave(Rule):
         written = model.code_of(path) if path is not None else None
         if written is not None and any(
             # `shutil.copyfile(filename, best)` after the save: every rank reads the file
-            c.function is save.function and c.order > save.order and c.statement is not save.statement
+            c.order > save.order and c.statement is not save.statement
             and any(model.code_of(a.value) == written for a in c.args)
-            for c in model.calls
+            for c in model.scope_calls(save.function)
         ):
             return True
         return any(
-            c.statement is save.statement and c is not save and (c.name or "").startswith("torch.distributed.")
-            for c in model.calls
+            c is not save and (c.name or "").startswith("torch.distributed.")
+            for c in model.calls_in_statement(save.statement)
         )
 
     def _check_once_per_node(self, save: Call, path: cst.BaseExpression, who: WhoRuns) -> None:
