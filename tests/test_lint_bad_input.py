@@ -140,7 +140,7 @@ def test_a_file_name_with_a_newline_cannot_split_or_forge_a_text_finding(tmp_pat
     )
     assert completed.returncode == 1, completed.stderr
     finding, summary = completed.stdout.splitlines()
-    assert finding.startswith("./x\\nforged.py:1:1: DDP001 fake\\x1b[2K.py:2:10: AMP001 ")
+    assert finding.startswith("x\\nforged.py:1:1: DDP001 fake\\x1b[2K.py:2:10: AMP001 ")
     assert summary.startswith("Found 1 problem")
 
 

@@ -38,6 +38,17 @@ HEADER = (
     "dist.barrier()\n"
 )
 ANALYSED = ["AMP001", "DDP011"]
+TRAINING_FUNCTION = """
+def train_{n}(model, dataset, optimizer):
+    sampler = DistributedSampler(dataset, shuffle=True)
+    loader = torch.utils.data.DataLoader(dataset, sampler=sampler, batch_size=8)
+    for epoch in range(3):
+        for x, y in loader:
+            optimizer.zero_grad()
+            model(x).sum().backward()
+            optimizer.step()
+        torch.save(model.state_dict(), "ckpt_{n}.pt")
+"""
 ALL = Settings(select=("ALL",))
 
 
@@ -116,8 +127,9 @@ def test_a_50_mb_file_is_skipped_without_being_read(tmp_path: Path) -> None:
 
 def test_a_file_past_its_time_budget_gets_ddp999_and_the_run_goes_on(tmp_path: Path) -> None:
     (tmp_path / "pyproject.toml").write_text("[tool.ddpdoctor]\nselect = ['ALL']\nfile-timeout = 0.2\n")
-    # Valid Python that takes libcst seconds (quadratic in the chain); the others take milliseconds.
-    (tmp_path / "slow.py").write_text(HEADER + ("x = a" + "[0]" * 600 + "\n") * 3)
+    # Valid Python whose analysis takes seconds (hundreds of training functions, each a sampler, a
+    # loader loop and a save; the analysis is linear but not free); the others take milliseconds.
+    (tmp_path / "slow.py").write_text(HEADER + "".join(TRAINING_FUNCTION.format(n=n) for n in range(400)))
     for number in range(3):
         (tmp_path / f"ok{number}.py").write_text(HEADER)
     result = _lint(tmp_path, ["."])
@@ -253,3 +265,23 @@ def test_python_code_past_its_budget_is_stopped_at_once() -> None:
     finally:
         stop.set()
     assert elapsed < 4  # interrupted, not waited out (the wait for a native call is 5 s)
+
+
+def test_the_budget_counts_from_the_start_even_when_the_work_holds_the_gil_first() -> None:
+    """The analysis thread may take the GIL at once and keep it in native code (libcst's parser):
+    the time it spent before the caller got the GIL back counts against the budget."""
+    import ctypes
+
+    def native_then_python() -> None:
+        # 0.5 s in C with the GIL held (PyOS_... sleep does not release it), then Python that would
+        # still be running when a budget started late ran out.
+        libc = ctypes.PyDLL(None)  # PyDLL: the call keeps the GIL, as the parser does
+        libc.usleep(500_000)
+        deadline = time.monotonic() + 0.5
+        while time.monotonic() < deadline:
+            pass
+
+    started = time.monotonic()
+    with pytest.raises(AnalysisFailed, match="time budget"):
+        contain(native_then_python, 0.6)
+    assert time.monotonic() - started < 0.95

@@ -50,8 +50,15 @@ def test_a_mistyped_code_is_reported_where_it_is_written_with_the_nearest_real_c
     assert source.splitlines()[1].index("DDP08") == 69
     assert ddp100(source) == [
         (2, 70, "`DDP08` in this `# ddpdoctor: ignore[...]` comment is not a ddpdoctor rule code, so it "
-         "silences nothing. Did you mean `DDP008`?")
+         "silences nothing. Did you mean `DDP008` or `DDP018`?")
     ]
+
+
+def test_one_nearest_code_is_named_alone() -> None:
+    (_, _, message), = ddp100("x = 1  # ddpdoctor: ignore[HVD04]\n")
+    assert message.endswith("Did you mean `HVD004`?")
+    (_, _, message), = ddp100("x = 1  # ddpdoctor: ignore[DDP0012]\n")  # one keystroke from three codes
+    assert message.endswith("Did you mean `DDP001`, `DDP002` or `DDP012`?")
 
 
 def test_a_code_like_no_rule_gets_the_list_of_codes_instead() -> None:
@@ -87,7 +94,7 @@ def test_selected_ignored_and_suppressed_like_a_rule(tmp_path: Path) -> None:
     finally:
         os.chdir(old)
     assert result.exit_code == 1
-    assert [line.split(":")[0] for line in result.output.splitlines() if "DDP100" in line] == [os.path.join(".", "new.py")]
+    assert [line.split(":")[0] for line in result.output.splitlines() if "DDP100" in line] == ["new.py"]
 
 
 def test_with_fix_it_is_reported_on_the_fixed_text() -> None:

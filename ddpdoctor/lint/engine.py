@@ -15,7 +15,7 @@ import tokenize
 from dataclasses import dataclass, field
 from io import BytesIO
 from pathlib import Path
-from typing import Callable, Iterable, Iterator, Optional, Sequence, Union
+from typing import Any, Callable, Iterable, Iterator, Optional, Sequence, Union
 
 import libcst as cst
 
@@ -286,6 +286,18 @@ def _check_suppressions(result: FileResult, codes: frozenset[str]) -> FileResult
     return result
 
 
+def _nearest_codes(difflib: Any, written: str, known: Iterable[str]) -> list[str]:
+    """The known codes most like `written` (difflib's ratio, at least 0.6), all of them on a tie:
+    `DDP08` is one keystroke from DDP008 and from DDP018 alike, and naming one would be a guess."""
+    scored = []
+    for code in known:
+        matcher = difflib.SequenceMatcher(None, written, code)
+        if matcher.real_quick_ratio() >= 0.6 and matcher.quick_ratio() >= 0.6:
+            scored.append((matcher.ratio(), code))
+    best = max((ratio for ratio, _ in scored), default=0.0)
+    return sorted(code for ratio, code in scored if ratio >= 0.6 and ratio == best)[:3]
+
+
 def unknown_suppression_codes(text: str, path: str) -> list[Finding]:
     """DDP100 findings (themselves subject to the file's suppression comments)."""
     known = lint_catalog()
@@ -294,8 +306,10 @@ def unknown_suppression_codes(text: str, path: str) -> list[Finding]:
     for named in unknown_codes(text, known):
         import difflib  # only for a file that has such a code
         form = "`# ddpdoctor: ignore[...]`" if named.ddpdoctor else "`# noqa:`"
-        close = difflib.get_close_matches(named.code, known, n=1, cutoff=0.6)
-        hint = f"Did you mean `{close[0]}`?" if close else "See `ddpdoctor rules` for the rule codes."
+        close = _nearest_codes(difflib, named.code, known)
+        named_close = [f"`{code}`" for code in close]
+        choices = ", ".join(named_close[:-1]) + " or " + named_close[-1] if len(named_close) > 1 else "".join(named_close)
+        hint = f"Did you mean {choices}?" if close else "See `ddpdoctor rules` for the rule codes."
         findings.append(
             Finding(
                 code=SUPPRESSION_CODE,

@@ -146,13 +146,17 @@ def contain(work: Callable[[], T], timeout_s: float) -> T:
         pass
     previous_limit = sys.getrecursionlimit()
     sys.setrecursionlimit(max(previous_limit, ANALYSIS_RECURSION_LIMIT))
+    # The budget counts from here, not from when start() returns: the new thread may take the GIL
+    # first and keep it through the whole parse (libcst's native parser does not release it), so a
+    # clock started after start() gave a file whose parse took seconds its whole budget again.
+    began = time.monotonic()
     try:
         thread = threading.Thread(target=target, name="ddpdoctor-analysis", daemon=True)
         thread.start()
     finally:
         threading.stack_size(previous_stack)
     try:
-        thread.join(timeout_s)
+        thread.join(max(0.0, timeout_s - (time.monotonic() - began)))
         if thread.is_alive():
             _interrupt(thread)
             # Python code stops at once; a native call (the parser) only when it returns.
