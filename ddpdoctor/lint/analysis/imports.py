@@ -21,11 +21,12 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import os
+import re
 import tokenize
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from io import BytesIO
 from pathlib import Path
-from typing import Callable, Hashable, Iterator, Optional, Sequence, TypeVar, Union
+from typing import Callable, Hashable, Iterable, Iterator, Optional, Sequence, TypeVar, Union
 
 import libcst as cst
 
@@ -45,6 +46,11 @@ MAX_MODULES = 256
 EXISTS = ""  # the file's existence mattered (a resolution hit), not its content
 ABSENT = None  # a candidate file that must stay absent for the resolution to hold
 State = Optional[str]
+
+
+# An import statement as the pre-filter reads it from bytes: (relative level, module, names imported
+# from it); `import a.b, c` is two statements with no names.
+ImportStatement = tuple[int, str, tuple[str, ...]]
 
 
 class MemoCycle(RuntimeError):
@@ -124,6 +130,10 @@ class ProjectSources:
         self._memo: dict[Hashable, tuple[object, dict[Path, State]]] = {}
         self._computing: set[Hashable] = set()
         self._scopes: list[dict[Path, State]] = [{}]
+        # Per module, for the pre-filter: (the vocabulary asked about, the words of it found, the
+        # project modules its import statements name). Facts, not bytes: a run over 10,000 files
+        # keeps a few sets each.
+        self._scanned: dict[Path, tuple[frozenset[bytes], frozenset[bytes], tuple[ImportStatement, ...]]] = {}
 
     @classmethod
     def for_paths(cls, paths: Sequence[Union[str, Path]]) -> "ProjectSources":
@@ -239,7 +249,9 @@ class ProjectSources:
             self._note(path, self._digests[path])
         return module
 
-    def _read_and_parse(self, path: Path) -> Optional[cst.Module]:
+    def _read(self, path: Path) -> Optional[bytes]:
+        """A Python source file's bytes (up to one past MAX_BYTES), its digest kept; None when it is
+        not a readable `.py`/`.pyi` file."""
         if path.suffix not in (".py", ".pyi") or not _is_file(path):
             return None
         try:
@@ -248,7 +260,11 @@ class ProjectSources:
         except OSError:
             return None
         self._digests[path] = content_digest(data)
-        if len(data) > MAX_BYTES or b"\x00" in data:
+        return data
+
+    def _read_and_parse(self, path: Path) -> Optional[cst.Module]:
+        data = self._read(path)
+        if data is None or len(data) > MAX_BYTES or b"\x00" in data:
             return None
         try:
             encoding, _ = tokenize.detect_encoding(BytesIO(data).readline)
@@ -350,6 +366,63 @@ class ProjectSources:
                     add(self.resolve(path, f"{base}.{name}" if base else name, level))
         return found
 
+    # ---- the import closure, by bytes (the pre-filter's view)
+
+    def closure_mentions(
+        self, path: Path, data: bytes, vocabulary: frozenset[bytes], enough: Callable[[frozenset[bytes]], bool]
+    ) -> frozenset[bytes]:
+        """The words of `vocabulary` that the project modules in `path`'s import closure mention
+        (`path` itself, whose bytes are `data`, not counted). The closure is what the analysis may
+        read: the modules `path` imports, what they import, and so on, found by scanning bytes for
+        import statements (nothing is parsed; each module is read and scanned once per run). The
+        walk stops as soon as `enough(found)`. Every module read and every resolution tried is
+        recorded as a dependency of the current scope, like the analysis' own reads."""
+        path = _absolute(path)
+        found: set[bytes] = set()
+        done = {path}
+        todo = deque(self._resolve_statements(path, _import_statements(data)))
+        while todo and not enough(frozenset(found)):
+            current = todo.popleft()
+            if current in done:
+                continue
+            done.add(current)
+            scanned = self._scan(current, vocabulary)
+            if scanned is None:
+                continue
+            words, imports = scanned
+            found |= words
+            todo.extend(p for p in imports if p not in done)
+        return frozenset(found)
+
+    def _scan(self, path: Path, vocabulary: frozenset[bytes]) -> Optional[tuple[frozenset[bytes], tuple[Path, ...]]]:
+        known = self._scanned.get(path)
+        if known is None or known[0] != vocabulary:
+            data = self._read(path)
+            if data is None:
+                return None
+            if len(data) > MAX_BYTES:
+                known = (vocabulary, frozenset(), ())  # never parsed by the analysis either
+            else:
+                known = (vocabulary, frozenset(w for w in vocabulary if w in data), tuple(_import_statements(data)))
+            self._scanned[path] = known
+        self._note(path, self._digests[path])
+        return known[1], self._resolve_statements(path, known[2])
+
+    def _resolve_statements(self, path: Path, statements: Iterable[ImportStatement]) -> tuple[Path, ...]:
+        """The project modules import statements name, resolved from `path` (each resolution,
+        memoised, is recorded again for the current scope)."""
+        found: dict[Path, None] = {}
+        for level, module, names in statements:
+            if level == 0 and module.split(".")[0] == "torch":
+                continue  # the analysis never follows torch's own names (`model._import_candidates`)
+            targets = [module] if module else []
+            targets += [f"{module}.{name}" if module else name for name in names]
+            for target in targets:
+                resolved = self.resolve(path, target or None, level)
+                if resolved is not None and resolved != path:
+                    found[resolved] = None
+        return tuple(found)
+
     # ---- per-run memo
 
     def memo(self, key: Hashable, compute: Callable[[], T]) -> T:
@@ -412,3 +485,33 @@ def _child_statements(node: cst.BaseCompoundStatement) -> Iterator[cst.CSTNode]:
             yield from block.body
         elif isinstance(block, cst.SimpleStatementSuite):
             yield cst.SimpleStatementLine(body=block.body)
+
+
+# `import a.b as c, d` / `from ..pkg import (x, y as z)` at any indentation (imports inside functions
+# and `try:` blocks count, as for the analysis). A match inside a string or a comment only adds a
+# module to the closure: the pre-filter errs towards analysing.
+_IMPORT = re.compile(
+    rb"^[ \t]*(?:from[ \t]+(\.*)[ \t]*([\w.]*)[ \t]+import[ \t]*(\([^)]*\)|[^\n#;]*)|import[ \t]+([^\n#;]*))",
+    re.MULTILINE,
+)
+_AS = re.compile(rb"\s+as\s+\w+")
+
+
+def _import_statements(data: bytes) -> Iterator[ImportStatement]:
+    """The import statements in a module's bytes, by a regular expression (no parse)."""
+    for match in _IMPORT.finditer(data):
+        dots, module, names, plain = match.groups()
+        if plain is not None:
+            for part in _AS.sub(b"", plain.rstrip(b"\\ \t\r")).split(b","):
+                name = part.strip().decode("ascii", "replace")
+                if name and all(p.isidentifier() for p in name.split(".")):
+                    yield 0, name, ()
+            continue
+        listed = _AS.sub(b"", names.strip(b"()\\ \t\r\n"))
+        imported = tuple(
+            n for n in (part.strip().decode("ascii", "replace") for part in listed.split(b",")) if n.isidentifier()
+        )
+        module_name = module.decode("ascii", "replace")
+        if module_name and not all(p.isidentifier() for p in module_name.split(".")):
+            continue
+        yield len(dots), module_name, imported
