@@ -116,7 +116,7 @@ def lint(
     """Lint training scripts (files, folders, or '-' for standard input)."""
     from ddpdoctor.config import ConfigError, find_config, load_settings, split_codes
     from ddpdoctor.lint import fixes as fixing
-    from ddpdoctor.lint.engine import RunResult, file_limits, lint_bytes, lint_paths, read_text_for_frames
+    from ddpdoctor.lint.engine import RunResult, lint_paths, lint_stdin, read_text_for_frames
     from ddpdoctor.lint.files import PathError
     from ddpdoctor.report import ReportContext, render
 
@@ -149,12 +149,7 @@ def lint(
     run = RunResult()
     empty_dirs: list[str] = []
     if use_stdin:
-        name = stdin_filename or "<stdin>"
-        data = sys.stdin.buffer.read()
-        codes = settings.codes_for(name, enabled)
-        run.files = [
-            lint_bytes(data, name, codes, settings.world_size, do_fix, unsafe_fixes=unsafe_fixes, limits=file_limits(settings))
-        ]
+        run.files = [lint_stdin(sys.stdin.buffer.read(), stdin_filename, settings, do_fix, unsafe_fixes)]
     else:
         try:
             run, empty_dirs = lint_paths(

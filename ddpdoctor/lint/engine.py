@@ -351,6 +351,27 @@ def lint_source(
     return lint_bytes(data, path, codes, settings.world_size, fix, unsafe_fixes=unsafe_fixes)
 
 
+def lint_stdin(
+    data: bytes,
+    name: Optional[str],
+    settings: Settings,
+    fix: bool = False,
+    unsafe_fixes: bool = False,
+) -> FileResult:
+    """Lint text an editor pipes in as the file `name` (`--stdin-filename`): placed in its project
+    as linting that file by path would, so the modules it imports are read from disk and give the
+    same findings (the piped text stands for the file itself, also where a module imports it back).
+    Without a name, or with one whose folder does not exist, the text is linted alone."""
+    path = name or "<stdin>"
+    codes = settings.codes_for(path, settings.enabled_codes())
+    project: Optional[ProjectSources] = None
+    if name is not None and os.path.isdir(os.path.dirname(os.path.abspath(name))):
+        project = ProjectSources.for_paths([name])
+    return lint_bytes(
+        data, path, codes, settings.world_size, fix, project=project, unsafe_fixes=unsafe_fixes, limits=file_limits(settings)
+    )
+
+
 # One per worker process and run (set by lint_paths before it forks its workers, or when serial).
 _project: Optional[ProjectSources] = None
 
