@@ -270,6 +270,7 @@ BROADCASTS_PARAMETERS = "broadcasts the model's parameters"
 BROADCASTS_OPTIMIZER = "broadcasts the optimizer's state"
 SCALES_LR = "scales the learning rate by the number of workers"
 WRITES_LR = "writes an optimizer's learning rate"
+READS_WORKER_COUNT = "reads the number of Horovod workers"
 # How many calls deep effects are followed (local helpers, other modules' functions, project classes).
 EFFECT_DEPTH = 4
 
@@ -294,6 +295,8 @@ def own_effects(model: ModuleModel, function: Optional[Function]) -> frozenset[s
         name = call.name or ""
         if call.attr == "backward":
             out.add(BACKWARD)
+        if name in HOROVOD_SIZE_CALLS:
+            out.add(READS_WORKER_COUNT)
         if name == HVD_BROADCAST_PARAMETERS or name.startswith(HVD_ELASTIC_PREFIX):
             out.add(BROADCASTS_PARAMETERS)
         elif name in HVD_OTHER_BROADCASTS:
@@ -351,13 +354,26 @@ def callees(model: ModuleModel, call: Call) -> list[tuple[ModuleModel, Function]
     of a project class the receiver was built from (looked up through the class's bases, across
     modules), and a project class's `__init__` for a constructor call."""
     out: list[tuple[ModuleModel, Function]] = [(model, f) for f in model.resolve_local_function(call)]
-    if out or model.project is None:
+    if out:
         return out
     if call.attr is not None and call.receiver is not None:
+        function = call.function
+        if dotted_name(call.receiver) == "self" and function is not None and function.klass is not None:
+            # `self.setup_distributed()` defined by a base class, in this module or another.
+            inherited = method_of(model, function.klass, call.attr)
+            return [inherited] if inherited is not None else []
+        if model.project is None:
+            return out
         method = model.linked_method(call)
         if method is not None:
             return [(method[0], method[1])]
-    if not model.may_link(call):
+        for origin in model.origin_calls(call.receiver, call.order, call.function):
+            written = dotted_name(origin.node.func)
+            found = model.project_class(written) if written is not None else None
+            inherited = method_of(found[0], found[1], call.attr) if found is not None else None
+            if inherited is not None:
+                return [inherited]
+    if model.project is None or not model.may_link(call):
         return out
     linked = model.linked_function(call)
     if linked is not None:
@@ -371,24 +387,66 @@ def callees(model: ModuleModel, call: Call) -> list[tuple[ModuleModel, Function]
     return out
 
 
-def module_effects(model: ModuleModel) -> frozenset[str]:
-    """What this module does where its code runs: its own statements' effects (in functions that
-    run) and those of every project function called there, in any module."""
+def method_of(model: ModuleModel, klass: str, name: str, depth: int = 0) -> Optional[tuple[ModuleModel, Function]]:
+    """The method `name` of the class `klass` (a top-level class of `model`'s module): defined in
+    its own body, else inherited from its bases as Python's lookup finds it (first base first),
+    through project classes in this module or another, a few classes deep."""
+    own = next((f for f in model.class_methods(klass) if f.name == name), None)
+    if own is not None:
+        return model, own
+    node = model.classes.get(klass)
+    if node is None or depth >= EFFECT_DEPTH:
+        return None
+    for base in node.bases:
+        written = dotted_name(base.value)
+        found = model.project_class(written) if written is not None else None
+        if found is None or found == (model, klass):
+            continue
+        inherited = method_of(found[0], found[1], name, depth + 1)
+        if inherited is not None:
+            return inherited
+    return None
+
+
+def module_effects(model: ModuleModel, every_function: bool = False) -> frozenset[str]:
+    """What this module does where its code runs: its own statements' effects and those of every
+    project function called there, in any module. Only in functions that run here (a `def
+    pin_gpu()` nothing calls pins nothing), unless `every_function` (a rule that stays silent on
+    any sign of the effect: the module may be imported and its functions called elsewhere)."""
 
     def compute() -> frozenset[str]:
         out: set[str] = set(own_effects(model, None))
         for function in model.functions:
-            if runs_in_module(model, function):
+            if every_function or runs_in_module(model, function):
                 out |= own_effects(model, function)
         for call in model.calls:
-            if runs_in_module(model, call.function):
+            if every_function or runs_in_module(model, call.function):
                 out |= call_effects(model, call, 1)
         return frozenset(out)
 
-    return model.memoized(("module_effects",), compute, frozenset())
+    return model.memoized(("module_effects", every_function), compute, frozenset())
 
 
 def runs_backward(model: ModuleModel, call: Call) -> bool:
     """The call is a `.backward()`, or a project function (any module) that runs one: a loop
     calling `train_step(model, optimizer, batch)` from `engine.py` trains."""
     return call.attr == "backward" or BACKWARD in call_effects(model, call, 1)
+
+
+def handed_to_unfollowed(model: ModuleModel, names: frozenset[str]) -> Optional[Call]:
+    """A call that runs here and is handed one of the variables `names` (`make_scheduler(optimizer,
+    cfg)`) while the analysis cannot see what it does with it: the callee is neither torch's,
+    Horovod's, a method of the value itself, nor a project function the summaries follow. What such a
+    call does to the value (its learning rate, say) is unknown, so a fix that assumes nobody else
+    writes it is not certain."""
+    for call in model.calls:
+        if not runs_in_module(model, call.function) or call.receiver is not None and dotted_name(call.receiver) in names:
+            continue
+        if not any(dotted_name(arg.value) in names for arg in call.args):
+            continue
+        qualified = call.name or ""
+        if qualified.split(".")[0] in ("torch", "horovod", "builtins") or qualified in ("print", "len", "isinstance"):
+            continue
+        if not callees(model, call):
+            return call
+    return None
