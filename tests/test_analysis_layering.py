@@ -16,7 +16,7 @@ RULES = ANALYSIS.parent / "rules"
 PACKAGE = "ddpdoctor.lint.analysis"
 
 # Bottom first. A module may import only the ones before it.
-LAYERS = ["syntax", "imports", "model", "conditions", "callorder", "reads", "harness", "launch", "ranks", "devices", "summaries",
+LAYERS = ["syntax", "imports", "launchfiles", "model", "conditions", "callorder", "reads", "harness", "launch", "ranks", "devices", "summaries",
           "sharding", "project"]
 
 

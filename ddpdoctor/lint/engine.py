@@ -135,12 +135,20 @@ def project_interested_rules(
     interested = interested_rules(data, rules)
     if project is None or len(interested) == len(rules):
         return interested
-    undecided = [rule for rule in rules if rule not in interested]
+    vocabulary = _vocabulary()
+    own = {word for word in vocabulary if word in data}
+    # Each undecided rule as the word sets it needs (one of each), less what the file says itself.
+    needs = [
+        [frozenset(w.encode() for w in words) for words in (rule.trigger_words, rule.context_words) if words]
+        for rule in rules
+        if rule not in interested
+    ]
+    needs = [[words for words in need if own.isdisjoint(words)] for need in needs]
 
-    def enough(found: frozenset[bytes]) -> bool:
-        return len(interested_rules(data, undecided, found)) == len(undecided)
+    def enough(found: set[bytes]) -> bool:
+        return all(not found.isdisjoint(words) for need in needs for words in need)
 
-    found = project.closure_mentions(Path(path), data, _vocabulary(), enough)
+    found = project.closure_mentions(Path(path), data, vocabulary, enough)
     if not found:
         return interested
     return interested_rules(data, rules, found)

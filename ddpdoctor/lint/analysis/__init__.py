@@ -8,6 +8,8 @@
                a call (the callee's test of a parameter read as the caller's test of the argument)
     callorder  in which order statements run across a class's methods and the module's helpers
     reads      where the value a call builds is read, through the one name it is bound to
+    launchfiles how the project is launched: torchrun/horovodrun/srun/sbatch/deepspeed/accelerate
+               lines in its shell, SLURM, Makefile, YAML/JSON and README files (read, never run)
     harness    test-suite detection
     launch     launch evidence: is this one of several processes; what the launcher's environment says
     ranks      who runs this: all ranks / rank 0 / the others / a subset / single-process only
@@ -25,7 +27,9 @@ from typing import Optional
 
 import libcst as cst
 
-from ddpdoctor.lint.analysis import callorder, conditions, devices, harness, launch, ranks, reads, sharding, summaries, syntax
+from ddpdoctor.lint.analysis import (
+    callorder, conditions, devices, harness, launch, launchfiles, ranks, reads, sharding, summaries, syntax,
+)
 from ddpdoctor.lint.analysis.imports import ProjectSources
 from ddpdoctor.lint.analysis.model import (
     MAX_DEPTH,
@@ -45,7 +49,8 @@ from ddpdoctor.lint.analysis.syntax import UNKNOWN, Expr, contains, dotted_name,
 __all__ = [
     "MAX_DEPTH", "UNKNOWN", "Assignment", "Call", "Context", "Expr", "Function", "Guard", "Loop",
     "ModuleModel", "ProjectSources", "Route", "Runs", "SubscriptStore", "WhoRuns", "build_analysis",
-    "callorder", "conditions", "contains", "decided_by_guards", "devices", "dotted_name", "harness", "launch", "names_in", "ranks",
+    "callorder", "conditions", "contains", "decided_by_guards", "devices", "dotted_name", "harness", "launch", "launchfiles",
+    "names_in", "ranks",
     "reaches_several_processes", "reads", "route_runs", "sharding", "summaries", "syntax", "walk", "who_runs",
 ]
 

@@ -41,6 +41,9 @@ MAX_WALK_UP = 32
 # tree provides every linted module: unbounded, 10,000 files would hold gigabytes. Past the bound the
 # least recently used tree is dropped (its digest is kept) and re-parsed if asked for again.
 MAX_MODULES = 256
+# How many imports deep the pre-filter's closure goes: the analysis follows calls a few modules deep
+# (summaries.EFFECT_DEPTH) and re-exports three (model.STAR_CHAIN_DEPTH), never the whole graph.
+CLOSURE_DEPTH = 4
 
 # Dependency states recorded per scope: a content digest, or one of these.
 EXISTS = ""  # the file's existence mattered (a resolution hit), not its content
@@ -133,7 +136,12 @@ class ProjectSources:
         # Per module, for the pre-filter: (the vocabulary asked about, the words of it found, the
         # project modules its import statements name). Facts, not bytes: a run over 10,000 files
         # keeps a few sets each.
-        self._scanned: dict[Path, tuple[frozenset[bytes], frozenset[bytes], tuple[ImportStatement, ...]]] = {}
+        self._scanned: dict[Path, tuple[frozenset[bytes], frozenset[bytes], tuple[Path, ...]]] = {}
+        self._tops: dict[Path, Optional[Path]] = {}
+        self._listings: dict[Path, frozenset[str]] = {}
+        self._package_tops: dict[Path, Path] = {}
+        self._quick = False  # resolving for the pre-filter: from listings, recording nothing
+        self._quick_resolved: dict[tuple[Path, Optional[str], int], Optional[Path]] = {}
 
     @classmethod
     def for_paths(cls, paths: Sequence[Union[str, Path]]) -> "ProjectSources":
@@ -310,16 +318,59 @@ class ProjectSources:
             return self._find(base, parts)
         if not parts:
             return None
-        for root in dict.fromkeys((_package_top(folder), folder, *self.roots)):
+        for root in dict.fromkeys((self._package_top(folder), folder, *self.roots)):
+            if self._quick and parts[0] not in self._listing(root) and f"{parts[0]}.py" not in self._listing(root):
+                continue
             found = self._find(root, parts)
             if found is not None:
                 return found
         return None
 
     def _probe(self, candidate: Path) -> bool:
+        if self._quick:
+            return candidate.name in self._listing(candidate.parent)
         exists = _is_file(candidate)
         self._note(candidate, EXISTS if exists else ABSENT)
         return exists
+
+    def _package_top(self, folder: Path) -> Path:
+        """`_package_top`, once per folder per run."""
+        top = self._package_tops.get(folder)
+        if top is None:
+            top = self._package_tops[folder] = _package_top(folder)
+        return top
+
+    def _is_folder(self, path: Path) -> bool:
+        if self._quick:
+            return path.name in self._listing(path.parent) and not path.name.endswith((".py", ".pyi"))
+        return _is_dir(path)
+
+    def _listing(self, folder: Path) -> frozenset[str]:
+        """The names in a folder, listed once per run (the pre-filter's resolution reads these
+        instead of probing each candidate file)."""
+        names = self._listings.get(folder)
+        if names is None:
+            try:
+                names = frozenset(os.listdir(folder))
+            except OSError:
+                names = frozenset()
+            self._listings[folder] = names
+        return names
+
+    def _quick_resolve(self, importer: Path, module: Optional[str], level: int) -> Optional[Path]:
+        """`resolve` for the pre-filter's closure: the same rules, answered from folder listings,
+        and recording nothing (see `closure_mentions`)."""
+        folder = importer.parent
+        key = (folder, module, level)
+        if key not in self._quick_resolved:
+            self._quick = True
+            try:
+                self._quick_resolved[key] = self._resolve(folder, module, level)
+            except (OSError, ValueError, RecursionError):
+                self._quick_resolved[key] = None
+            finally:
+                self._quick = False
+        return self._quick_resolved[key]
 
     def _find(self, base: Path, parts: list[str]) -> Optional[Path]:
         """`a.b.c` under `base`: each of a, b a package or namespace folder (a module `a.py` is
@@ -328,7 +379,7 @@ class ProjectSources:
         for part in parts[:-1]:
             if self._probe(current / part / "__init__.py"):
                 current = current / part
-            elif self._probe(current / f"{part}.py") or not _is_dir(current / part):
+            elif self._probe(current / f"{part}.py") or not self._is_folder(current / part):
                 return None
             else:
                 current = current / part
@@ -366,23 +417,52 @@ class ProjectSources:
                     add(self.resolve(path, f"{base}.{name}" if base else name, level))
         return found
 
+    # ---- launch files (shell, SLURM, YAML, README): read as text, recorded like modules
+
+    def top_of(self, path: Path) -> Optional[Path]:
+        """The project's top folder for a file (the nearest `pyproject.toml`, `setup.py`,
+        `setup.cfg` or repository top above it), else the file's own folder."""
+        try:
+            folder = _absolute(path).parent
+            return _project_top(folder, self._tops) or folder
+        except (OSError, ValueError):
+            return None
+
+    def read_launch_file(self, path: Path, max_bytes: int) -> Optional[bytes]:
+        """A launch file's bytes (None when unreadable or larger than `max_bytes`), recorded as a
+        dependency of the current scope: an edit to the launch script re-analyses its users."""
+        try:
+            with open(path, "rb") as handle:
+                data = handle.read(MAX_BYTES + 1)  # as digest_of reads it, so the cache can compare
+        except OSError:
+            return None
+        path = _absolute(path)
+        self._digests[path] = content_digest(data)
+        self._note(path, self._digests[path])
+        return data if len(data) <= max_bytes and b"\x00" not in data else None
+
     # ---- the import closure, by bytes (the pre-filter's view)
 
     def closure_mentions(
-        self, path: Path, data: bytes, vocabulary: frozenset[bytes], enough: Callable[[frozenset[bytes]], bool]
+        self, path: Path, data: bytes, vocabulary: frozenset[bytes], enough: Callable[[set[bytes]], bool]
     ) -> frozenset[bytes]:
         """The words of `vocabulary` that the project modules in `path`'s import closure mention
         (`path` itself, whose bytes are `data`, not counted). The closure is what the analysis may
-        read: the modules `path` imports, what they import, and so on, found by scanning bytes for
-        import statements (nothing is parsed; each module is read and scanned once per run). The
-        walk stops as soon as `enough(found)`. Every module read and every resolution tried is
-        recorded as a dependency of the current scope, like the analysis' own reads."""
+        read: the modules `path` imports, what they import, and so on, CLOSURE_DEPTH imports deep
+        (the analysis follows calls and re-exports a few modules deep, not further), found by
+        scanning bytes for import statements: nothing is parsed, and each module is read, scanned and
+        its imports resolved once per run. The walk stops as soon as `enough(found)`.
+
+        Recorded as the current scope's dependencies: the file's own imports as the analysis records
+        them, and the content of every module the walk read (an edit that adds a rule's API to one of
+        them re-analyses the file). Not recorded: the candidate files the closure's own imports
+        looked for (a module appearing there is seen when the importer itself changes)."""
         path = _absolute(path)
         found: set[bytes] = set()
         done = {path}
-        todo = deque(self._resolve_statements(path, _import_statements(data)))
-        while todo and not enough(frozenset(found)):
-            current = todo.popleft()
+        todo = deque((p, 1) for p in self._resolve_statements(path, _import_statements(data)))
+        while todo and not enough(found):
+            current, depth = todo.popleft()
             if current in done:
                 continue
             done.add(current)
@@ -391,7 +471,8 @@ class ProjectSources:
                 continue
             words, imports = scanned
             found |= words
-            todo.extend(p for p in imports if p not in done)
+            if depth < CLOSURE_DEPTH:
+                todo.extend((p, depth + 1) for p in imports if p not in done)
         return frozenset(found)
 
     def _scan(self, path: Path, vocabulary: frozenset[bytes]) -> Optional[tuple[frozenset[bytes], tuple[Path, ...]]]:
@@ -400,25 +481,50 @@ class ProjectSources:
             data = self._read(path)
             if data is None:
                 return None
-            if len(data) > MAX_BYTES:
-                known = (vocabulary, frozenset(), ())  # never parsed by the analysis either
-            else:
-                known = (vocabulary, frozenset(w for w in vocabulary if w in data), tuple(_import_statements(data)))
+            imports: tuple[Path, ...] = ()
+            words: frozenset[bytes] = frozenset()
+            if len(data) <= MAX_BYTES:  # a larger one is never parsed by the analysis either
+                words = frozenset(w for w in vocabulary if w in data)
+                statements = [s for s in _import_statements(data) if s[0] or self._may_exist(path, s[1])]
+                imports = self._resolve_statements(path, statements, self._quick_resolve)
+            known = (vocabulary, words, imports)
             self._scanned[path] = known
         self._note(path, self._digests[path])
-        return known[1], self._resolve_statements(path, known[2])
+        return known[1], known[2]
 
-    def _resolve_statements(self, path: Path, statements: Iterable[ImportStatement]) -> tuple[Path, ...]:
-        """The project modules import statements name, resolved from `path` (each resolution,
-        memoised, is recorded again for the current scope)."""
+    def _may_exist(self, importer: Path, module: str) -> bool:
+        """Whether an absolute import's top-level name is a file or folder in one of the places
+        `resolve` would look (one directory listing per folder per run): `import numpy` in a
+        project without a `numpy/` is settled without probing every root for every candidate."""
+        head = module.split(".")[0]
+        folder = importer.parent
+        for root in dict.fromkeys((self._package_top(folder), folder, *self.roots)):
+            names = self._listing(root)
+            if head in names or f"{head}.py" in names:
+                return True
+        return False
+
+    def _resolve_statements(
+        self,
+        path: Path,
+        statements: Iterable[ImportStatement],
+        resolve: Optional[Callable[[Path, Optional[str], int], Optional[Path]]] = None,
+    ) -> tuple[Path, ...]:
+        """The project modules import statements name, resolved from `path`. `from pkg import a, b`
+        counts `pkg/a.py` and `pkg/b.py` only when `pkg` is a project package (the names imported
+        from `typing` are not looked for as modules)."""
+        resolve = resolve or self.resolve
         found: dict[Path, None] = {}
         for level, module, names in statements:
             if level == 0 and module.split(".")[0] == "torch":
                 continue  # the analysis never follows torch's own names (`model._import_candidates`)
-            targets = [module] if module else []
-            targets += [f"{module}.{name}" if module else name for name in names]
-            for target in targets:
-                resolved = self.resolve(path, target or None, level)
+            base = resolve(path, module or None, level)
+            if base is not None and base != path:
+                found[base] = None
+            if base is None or base.name != "__init__.py":
+                continue
+            for name in names:
+                resolved = resolve(path, f"{module}.{name}" if module else name, level)
                 if resolved is not None and resolved != path:
                     found[resolved] = None
         return tuple(found)
