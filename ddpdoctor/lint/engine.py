@@ -22,7 +22,7 @@ from ddpdoctor.config import Settings
 from ddpdoctor.findings import Finding, Severity
 from ddpdoctor.lint import fixes as fixing
 from ddpdoctor.lint import isolation, normalise
-from ddpdoctor.lint.analysis import ModuleModel, build_analysis
+from ddpdoctor.lint.analysis import ModuleModel, build_analysis, launch
 from ddpdoctor.lint.analysis.imports import ProjectSources
 from ddpdoctor.lint.cache import ResultCache, content_hash
 from ddpdoctor.lint.files import discover, read_regular
@@ -133,7 +133,7 @@ def project_interested_rules(
     `dist.py`) is interested in the file that uses them. The closure is walked only while some
     rule is still undecided, and stops as soon as none is."""
     interested = interested_rules(data, rules)
-    if project is None or len(interested) == len(rules):
+    if project is None or len(interested) == len(rules) or not any(word in data for word in CLOSURE_GATE):
         return interested
     vocabulary = _vocabulary()
     own = {word for word in vocabulary if word in data}
@@ -152,6 +152,18 @@ def project_interested_rules(
     if not found:
         return interested
     return interested_rules(data, rules, found)
+
+
+# A finding that needs another module's facts is reported where the importer does the training: it
+# creates or wraps a process group, starts processes, draws from a loader, runs backward or steps an
+# optimizer, or asks for a rank. Only such a file has its import closure read (library code, most of
+# a large tree, is judged by its own bytes, which keeps the pre-filter cheap there).
+CLOSURE_GATE = tuple(
+    word.encode()
+    for word in (
+        *launch.LAUNCH_WORDS, "backward(", "DataLoader(", ".step(", "local_rank", "get_rank", "hvd.", "sampler",
+    )
+)
 
 
 def _vocabulary() -> frozenset[bytes]:

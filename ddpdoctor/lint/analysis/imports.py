@@ -43,7 +43,7 @@ MAX_WALK_UP = 32
 MAX_MODULES = 256
 # How many imports deep the pre-filter's closure goes: the analysis follows calls a few modules deep
 # (summaries.EFFECT_DEPTH) and re-exports three (model.STAR_CHAIN_DEPTH), never the whole graph.
-CLOSURE_DEPTH = 4
+CLOSURE_DEPTH = 3
 
 # Dependency states recorded per scope: a content digest, or one of these.
 EXISTS = ""  # the file's existence mattered (a resolution hit), not its content
@@ -138,10 +138,10 @@ class ProjectSources:
         # keeps a few sets each.
         self._scanned: dict[Path, tuple[frozenset[bytes], frozenset[bytes], tuple[Path, ...]]] = {}
         self._tops: dict[Path, Optional[Path]] = {}
-        self._listings: dict[Path, frozenset[str]] = {}
+        self._listings: dict[str, frozenset[str]] = {}
         self._package_tops: dict[Path, Path] = {}
-        self._quick = False  # resolving for the pre-filter: from listings, recording nothing
         self._quick_resolved: dict[tuple[Path, Optional[str], int], Optional[Path]] = {}
+        self._roots_for: dict[Path, tuple[str, ...]] = {}
 
     @classmethod
     def for_paths(cls, paths: Sequence[Union[str, Path]]) -> "ProjectSources":
@@ -319,16 +319,12 @@ class ProjectSources:
         if not parts:
             return None
         for root in dict.fromkeys((self._package_top(folder), folder, *self.roots)):
-            if self._quick and parts[0] not in self._listing(root) and f"{parts[0]}.py" not in self._listing(root):
-                continue
             found = self._find(root, parts)
             if found is not None:
                 return found
         return None
 
     def _probe(self, candidate: Path) -> bool:
-        if self._quick:
-            return candidate.name in self._listing(candidate.parent)
         exists = _is_file(candidate)
         self._note(candidate, EXISTS if exists else ABSENT)
         return exists
@@ -340,14 +336,9 @@ class ProjectSources:
             top = self._package_tops[folder] = _package_top(folder)
         return top
 
-    def _is_folder(self, path: Path) -> bool:
-        if self._quick:
-            return path.name in self._listing(path.parent) and not path.name.endswith((".py", ".pyi"))
-        return _is_dir(path)
-
-    def _listing(self, folder: Path) -> frozenset[str]:
-        """The names in a folder, listed once per run (the pre-filter's resolution reads these
-        instead of probing each candidate file)."""
+    def _listing(self, folder: str) -> frozenset[str]:
+        """The names in a folder, listed once per run (the pre-filter resolves from these instead of
+        probing each candidate file)."""
         names = self._listings.get(folder)
         if names is None:
             try:
@@ -357,20 +348,55 @@ class ProjectSources:
             self._listings[folder] = names
         return names
 
+    def _search_roots(self, folder: Path) -> tuple[str, ...]:
+        roots = self._roots_for.get(folder)
+        if roots is None:
+            roots = self._roots_for[folder] = tuple(
+                str(r) for r in dict.fromkeys((self._package_top(folder), folder, *self.roots))
+            )
+        return roots
+
     def _quick_resolve(self, importer: Path, module: Optional[str], level: int) -> Optional[Path]:
-        """`resolve` for the pre-filter's closure: the same rules, answered from folder listings,
-        and recording nothing (see `closure_mentions`)."""
-        folder = importer.parent
-        key = (folder, module, level)
-        if key not in self._quick_resolved:
-            self._quick = True
-            try:
-                self._quick_resolved[key] = self._resolve(folder, module, level)
-            except (OSError, ValueError, RecursionError):
-                self._quick_resolved[key] = None
-            finally:
-                self._quick = False
-        return self._quick_resolved[key]
+        """`resolve`'s rules for the pre-filter's closure, answered from folder listings (strings,
+        no probes) and recording nothing (see `closure_mentions`). Memoised per folder."""
+        key = (importer.parent, module, level)
+        if key in self._quick_resolved:
+            return self._quick_resolved[key]
+        parts = module.split(".") if module else []
+        found: Optional[str] = None
+        if level > 0:
+            base = str(importer.parent)
+            for _ in range(level - 1):
+                base = os.path.dirname(base)
+            if not parts:
+                found = os.path.join(base, "__init__.py") if "__init__.py" in self._listing(base) else None
+            else:
+                found = self._quick_find(base, parts)
+        elif parts:
+            for root in self._search_roots(importer.parent):
+                names = self._listing(root)
+                if parts[0] in names or f"{parts[0]}.py" in names:
+                    found = self._quick_find(root, parts)
+                    if found is not None:
+                        break
+        result = Path(found) if found is not None else None
+        self._quick_resolved[key] = result
+        return result
+
+    def _quick_find(self, base: str, parts: list[str]) -> Optional[str]:
+        current = base
+        for part in parts[:-1]:
+            names = self._listing(current)
+            if part in names and "__init__.py" in self._listing(os.path.join(current, part)):
+                current = os.path.join(current, part)
+            elif f"{part}.py" in names or part not in names:
+                return None
+            else:
+                current = os.path.join(current, part)  # a namespace folder
+        last = parts[-1]
+        if last in self._listing(current) and "__init__.py" in self._listing(os.path.join(current, last)):
+            return os.path.join(current, last, "__init__.py")
+        return os.path.join(current, f"{last}.py") if f"{last}.py" in self._listing(current) else None
 
     def _find(self, base: Path, parts: list[str]) -> Optional[Path]:
         """`a.b.c` under `base`: each of a, b a package or namespace folder (a module `a.py` is
@@ -379,7 +405,7 @@ class ProjectSources:
         for part in parts[:-1]:
             if self._probe(current / part / "__init__.py"):
                 current = current / part
-            elif self._probe(current / f"{part}.py") or not self._is_folder(current / part):
+            elif self._probe(current / f"{part}.py") or not _is_dir(current / part):
                 return None
             else:
                 current = current / part
@@ -453,14 +479,15 @@ class ProjectSources:
         scanning bytes for import statements: nothing is parsed, and each module is read, scanned and
         its imports resolved once per run. The walk stops as soon as `enough(found)`.
 
-        Recorded as the current scope's dependencies: the file's own imports as the analysis records
-        them, and the content of every module the walk read (an edit that adds a rule's API to one of
-        them re-analyses the file). Not recorded: the candidate files the closure's own imports
-        looked for (a module appearing there is seen when the importer itself changes)."""
+        Recorded as the current scope's dependencies: the content of every module the walk read (an
+        edit that adds a rule's API to one of them re-analyses the file). Not recorded: the candidate
+        files the imports looked for (a module appearing where an import looked is seen when the
+        analysis follows that import, or when the importer changes); the walk resolves from folder
+        listings, once per module per run."""
         path = _absolute(path)
         found: set[bytes] = set()
         done = {path}
-        todo = deque((p, 1) for p in self._resolve_statements(path, _import_statements(data)))
+        todo = deque((p, 1) for p in self._resolve_statements(path, _import_statements(data), self._quick_resolve))
         while todo and not enough(found):
             current, depth = todo.popleft()
             if current in done:
@@ -485,24 +512,11 @@ class ProjectSources:
             words: frozenset[bytes] = frozenset()
             if len(data) <= MAX_BYTES:  # a larger one is never parsed by the analysis either
                 words = frozenset(w for w in vocabulary if w in data)
-                statements = [s for s in _import_statements(data) if s[0] or self._may_exist(path, s[1])]
-                imports = self._resolve_statements(path, statements, self._quick_resolve)
+                imports = self._resolve_statements(path, _import_statements(data), self._quick_resolve)
             known = (vocabulary, words, imports)
             self._scanned[path] = known
         self._note(path, self._digests[path])
         return known[1], known[2]
-
-    def _may_exist(self, importer: Path, module: str) -> bool:
-        """Whether an absolute import's top-level name is a file or folder in one of the places
-        `resolve` would look (one directory listing per folder per run): `import numpy` in a
-        project without a `numpy/` is settled without probing every root for every candidate."""
-        head = module.split(".")[0]
-        folder = importer.parent
-        for root in dict.fromkeys((self._package_top(folder), folder, *self.roots)):
-            names = self._listing(root)
-            if head in names or f"{head}.py" in names:
-                return True
-        return False
 
     def _resolve_statements(
         self,
