@@ -101,3 +101,49 @@ def test_the_project_launch_files_for_one_script(tmp_path: Path) -> None:
     evaluation = project_launches(project, tmp_path / "tools/eval.py")
     assert [(l.launcher, l.nodes) for l in evaluation] == [("python", 1)]  # not node_modules' line
     assert project_launches(None, tmp_path / "tools/train.py") == []
+
+
+FIXTURES = Path(__file__).resolve().parent.parent / "fixtures/projects"
+
+
+def _model(path: Path):  # type: ignore[no-untyped-def]
+    import libcst as cst
+
+    from ddpdoctor.lint.analysis import build_analysis
+
+    return build_analysis(cst.parse_module(path.read_text()), str(path), project=ProjectSources.for_paths([path]))
+
+
+def test_the_launch_queries_rules_ask(tmp_path: Path) -> None:
+    """launch.launch_file_nodes / launch_file_processes: the verdict and the launch relied on (for
+    DDP004, DDP008 and rules whose truth depends on how many nodes or processes run a script)."""
+    from ddpdoctor.lint.analysis import launch
+
+    (tmp_path / "pyproject.toml").write_text("")
+    script = tmp_path / "train.py"
+    script.write_text("import torch\n")
+    assert launch.launch_file_nodes(_model(script)) == (UNKNOWN, None)
+    assert launch.launch_file_processes(_model(script)) == (UNKNOWN, None)
+    (tmp_path / "README.md").write_text("```\npython train.py\n```\n")
+    verdict, cited = launch.launch_file_processes(_model(script))
+    assert verdict == launch.ONE_PROCESS and cited is not None and cited.where().endswith("README.md line 2")
+    assert launch.launch_file_nodes(_model(script))[0] == SINGLE_NODE
+    (tmp_path / "run.sh").write_text("torchrun --nproc_per_node 4 train.py\n")
+    assert launch.launch_file_processes(_model(script))[0] == launch.SEVERAL_PROCESSES
+    (tmp_path / "multi.slurm").write_text("#SBATCH --nodes=4\nsrun python train.py\n")
+    verdict, cited = launch.launch_file_processes(_model(script))
+    assert verdict == MULTI_NODE and cited is not None and cited.nodes == 4
+    assert launch.launch_file_nodes(_model(script))[1] == cited
+
+
+def test_rules_name_the_launch_file_they_relied_on() -> None:
+    from ddpdoctor.config import Settings
+    from ddpdoctor.lint.engine import lint_paths
+
+    def messages(project: str) -> list[str]:
+        run, _ = lint_paths([str(FIXTURES / project)], Settings(select=("ALL",)), jobs=1, use_cache=False)
+        return [f.message for f in run.findings]
+
+    (ddp008,) = messages("local_rank_save_guard_multi_node_launch")
+    assert "job.slurm line 8 launches it on 2 nodes" in ddp008
+    assert all("Makefile line 2 launches it on 2 nodes" in m for m in messages("global_rank_device_two_node_launch"))
