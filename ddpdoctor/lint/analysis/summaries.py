@@ -169,6 +169,8 @@ def returned_shuffled_loaders(model: ModuleModel, function: Function) -> dict[Op
 
     def compute() -> dict[Optional[int], Call]:
         out: dict[Optional[int], Call] = {}
+        if any(call.attr == "set_epoch" for call in function.calls):
+            return out  # `epoch_loader(bs, epoch)` reseeds what it builds: a loader rebuilt each epoch
         for returned, at, inside in model.return_sites(function):
             parts: list[tuple[Optional[int], Expr]] = [(None, returned)]
             if isinstance(returned, (cst.Tuple, cst.List)):
