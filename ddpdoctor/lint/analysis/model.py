@@ -1505,6 +1505,10 @@ class ModuleModel:
             if len(wrapped) == 1 and wrapped[0] is not value:
                 return self.returned_by_project_helper(wrapped[0], assignment.order, assignment.function, depth + 1)
         linked = self.linked_function(call)
+        if linked is None and call.attr is not None and call.receiver is not None:
+            # `loader = data.train_loader()` on an object of another module's class (a getter).
+            method = self.linked_method(call)
+            linked = (method[0], method[1]) if method is not None else None
         if linked is None:
             return None
         return linked[0], linked[1], position, name
