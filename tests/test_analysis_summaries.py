@@ -327,7 +327,7 @@ def test_horovod_effects_and_the_lr_writers(tmp_path: pathlib.Path) -> None:
                 "def warm(opt, base):\n    for g in opt.param_groups:\n        g['lr'] = base * hvd.size()\n\n"
                 "def decay(opt):\n    for g in opt.param_groups:\n        g['lr'] = g['lr'] * 0.1\n"
             ),
-            "train.py": "from dist import sync, warm, decay\nfrom vendor_sched import make\nsync(m, o)\nwarm(o, 0.1)\ndecay(o)\nmake(o)\nlog(x)\n",
+            "train.py": "from dist import sync, warm, decay\nfrom vendor_sched import make\nsync(m, o)\nwarm(o, 0.1)\ndecay(o)\nprint(o)\nmake(o)\nlog(x)\n",
         },
         "train.py",
     )

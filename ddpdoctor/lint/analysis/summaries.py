@@ -10,6 +10,7 @@ computed on demand and memoised with its module's model.
 
 from __future__ import annotations
 
+import builtins
 from dataclasses import dataclass
 from typing import Iterator, Optional, Union
 
@@ -442,13 +443,15 @@ def handed_to_unfollowed(model: ModuleModel, names: frozenset[str]) -> Optional[
     call does to the value (its learning rate, say) is unknown, so a fix that assumes nobody else
     writes it is not certain."""
     for call in model.calls:
-        if not runs_in_module(model, call.function) or call.receiver is not None and dotted_name(call.receiver) in names:
+        if not runs_in_module(model, call.function) or (call.receiver is not None and dotted_name(call.receiver) in names):
             continue
         if not any(dotted_name(arg.value) in names for arg in call.args):
             continue
-        qualified = call.name or ""
-        if qualified.split(".")[0] in ("torch", "horovod", "builtins") or qualified in ("print", "len", "isinstance"):
-            continue
+        if (call.name or "").split(".")[0] in ("torch", "horovod") or (call.name is None and call.dotted in _BUILTINS):
+            continue  # `print(optimizer)`, `isinstance(optimizer, ...)` write no rate
         if not callees(model, call):
             return call
     return None
+
+
+_BUILTINS = frozenset(dir(builtins))
