@@ -166,9 +166,9 @@ def test_import_statements_are_read_from_bytes(source: str, expected: list[Any])
 
 
 def test_only_a_file_that_trains_or_launches_reads_its_closure(tmp_path: Path) -> None:
-    """Library code (no process group, loader, backward, optimizer step or rank in its bytes) is
-    judged by its own bytes: most of a large tree, where walking every closure would cost more
-    than the parse it saves."""
+    """Library code (no process group, launcher, rank or epoch in its bytes) is judged by its own
+    bytes: most of a large tree, where walking every closure would cost more than the parse it
+    saves."""
     (tmp_path / "data.py").write_text(DATA)
     (tmp_path / "layers.py").write_text("import torch\nfrom data import loaders\n\n\ndef width(x):\n    return x.shape[-1]\n")
     project = ProjectSources.for_paths([tmp_path])
@@ -177,5 +177,7 @@ def test_only_a_file_that_trains_or_launches_reads_its_closure(tmp_path: Path) -
         codes = {r.code for r in project_interested_rules(path.read_bytes(), str(path), list(all_rules().values()), project)}
         assert tmp_path / "data.py" not in project.dependencies()
     assert "DDP001" not in codes
-    (tmp_path / "layers.py").write_text(path.read_text() + "\n\ndef fit(model, ds):\n    model(ds).sum().backward()\n")
+    (tmp_path / "layers.py").write_text(
+        path.read_text() + "\n\ndef fit(model, ds):\n    for epoch in range(3):\n        model(ds).sum().backward()\n"
+    )
     assert "DDP001" in _project_codes(tmp_path, "layers.py")
