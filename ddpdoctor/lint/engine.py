@@ -155,12 +155,13 @@ def project_interested_rules(
 
 
 # A finding that needs another module's facts is reported where the importer does the training: it
-# creates or wraps a process group, starts processes, asks for a rank, or runs epochs. Only such a
+# creates or wraps a process group (`DDP` included, however it was imported), starts processes, asks
+# for a rank, or runs epochs. Only such a
 # file has its import closure read (library code, most of a large tree, is judged by its own bytes,
 # which keeps the pre-filter cheap there; torch's own docstrings are full of `.backward()`).
 CLOSURE_GATE = tuple(
     word.encode()
-    for word in (*launch.LAUNCH_WORDS, "local_rank", "LOCAL_RANK", "get_rank", "hvd.", "epoch", "DDP", "distributed")
+    for word in (*launch.LAUNCH_WORDS, "local_rank", "LOCAL_RANK", "get_rank", "hvd.", "epoch", "DDP")
 )
 
 
