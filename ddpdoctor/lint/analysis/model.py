@@ -641,7 +641,7 @@ class ModuleModel:
             return None
         head, _, rest = name.partition(".")
         target = self.imports.get(head)
-        if self.project is not None and (head in self.relative_imports or (target is not None and not target.startswith("torch"))):
+        if self.project is not None and target is not None and not target.startswith("torch"):
             target = self._reexported(head) or target
         if target is None and self.star_imports:
             target = self._through_star(head)
@@ -653,7 +653,9 @@ class ModuleModel:
         """What a name imported from a project package means when the package's `__init__.py` only
         re-exports it (`from utils import DDP` where utils/__init__.py does `from
         torch.nn.parallel import DistributedDataParallel as DDP`): the import it is there. Only
-        packages' `__init__.py` (the hubs that re-export), each read once per run."""
+        absolute imports (what a training script writes; a library's relative imports are many and
+        rarely re-export torch) of packages' `__init__.py` (the hubs that re-export), each read once
+        per run."""
         if head in self._reexports:
             return self._reexports[head]
         found: Optional[str] = None
