@@ -154,7 +154,7 @@ def lint(
 ) -> None:
     """Lint training scripts (files, folders, or '-' for standard input)."""
     from ddpdoctor.config import ConfigError, find_config, load_settings, split_codes
-    from ddpdoctor.lint.engine import RunResult, file_limits, lint_bytes, lint_paths, read_text_for_frames
+    from ddpdoctor.lint.engine import RunResult, lint_paths, lint_stdin, read_text_for_frames
     from ddpdoctor.lint.files import PathError
     from ddpdoctor.report import ReportContext, render
 
@@ -192,7 +192,6 @@ def lint(
     run = RunResult()
     empty_dirs: list[str] = []
     if use_stdin:
-        name = stdin_filename or "<stdin>"
         try:
             if sys.stdin is None:  # descriptor 0 closed: Python gives no stream at all
                 raise OSError(errno.EBADF, "it is closed")
@@ -200,10 +199,7 @@ def lint(
         except (OSError, ValueError) as error:
             reason = error.strerror if isinstance(error, OSError) and error.strerror else "it is closed"
             raise fail(f"cannot read standard input: {reason}") from None
-        codes = settings.codes_for(name, enabled)
-        run.files = [
-            lint_bytes(data, name, codes, settings.world_size, do_fix, unsafe_fixes=unsafe_fixes, limits=file_limits(settings))
-        ]
+        run.files = [lint_stdin(data, stdin_filename, settings, do_fix, unsafe_fixes)]
     else:
         try:
             run, empty_dirs = lint_paths(

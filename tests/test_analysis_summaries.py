@@ -249,3 +249,92 @@ def test_gradients_cleared_before_the_backward_in_each_iteration(body: str, clea
     model = build_analysis(cst.parse_module(f"opt.zero_grad()\nfor i in range(10):\n    {body}\n"))
     backward = next(c for c in model.calls if c.attr == "backward")
     assert summaries.gradients_cleared_before(model, backward, model.loops[0]) is cleared
+
+
+# ---- effects: what a call does for its caller, across modules
+
+
+def _project(tmp_path: pathlib.Path, files: dict[str, str], main: str) -> ModuleModel:
+    from ddpdoctor.lint.analysis import ProjectSources
+
+    for name, text in files.items():
+        (tmp_path / name).write_text(textwrap.dedent(text))
+    path = tmp_path / main
+    return build_analysis(cst.parse_module(path.read_text()), str(path), project=ProjectSources.for_paths([tmp_path]))
+
+
+def _call(model: ModuleModel, dotted: str) -> "summaries.Call":
+    return next(c for c in model.calls if c.dotted == dotted)
+
+
+def test_effects_follow_calls_through_other_modules(tmp_path: pathlib.Path) -> None:
+    model = _project(
+        tmp_path,
+        {
+            "loss.py": "def backprop(loss):\n    loss.backward()\n",
+            "engine.py": "from loss import backprop\n\ndef step(model, batch):\n    backprop(model(batch).sum())\n\ndef evaluate(model, batch):\n    return model(batch)\n",
+            "train.py": "from engine import step, evaluate\nstep(net, b)\nevaluate(net, b)\n",
+        },
+        "train.py",
+    )
+    assert summaries.runs_backward(model, _call(model, "step"))
+    assert not summaries.runs_backward(model, _call(model, "evaluate"))
+    assert summaries.BACKWARD in summaries.module_effects(model)
+
+
+def test_effects_stop_at_the_depth_bound(tmp_path: pathlib.Path) -> None:
+    chain = {f"m{i}.py": f"from m{i + 1} import f{i + 1}\n\ndef f{i}(x):\n    f{i + 1}(x)\n" for i in range(1, 8)}
+    chain["m8.py"] = "def f8(x):\n    x.backward()\n"
+    chain["train.py"] = "from m{n} import f{n}\nf{n}(loss)\n"
+    near = _project(tmp_path, {**chain, "train.py": chain["train.py"].format(n=8 - summaries.EFFECT_DEPTH + 1)}, "train.py")
+    assert summaries.runs_backward(near, next(iter(near.calls)))
+    far = _project(tmp_path, {**chain, "train.py": chain["train.py"].format(n=8 - summaries.EFFECT_DEPTH)}, "train.py")
+    assert not summaries.runs_backward(far, next(iter(far.calls)))
+
+
+def test_an_inherited_method_is_found_through_the_bases_across_modules(tmp_path: pathlib.Path) -> None:
+    model = _project(
+        tmp_path,
+        {
+            "base.py": "import torch\n\nclass Root:\n    def prepare(self):\n        torch.cuda.set_device(0)\n\nclass Mixin:\n    def prepare(self):\n        pass\n",
+            "mid.py": "from base import Root\n\nclass Middle(Root):\n    pass\n",
+            "train.py": (
+                "from mid import Middle\nfrom base import Mixin, Root\n\n"
+                "class Trainer(Middle):\n    def run(self):\n        self.prepare()\n\n"
+                "class Quiet(Mixin, Root):\n    def run(self):\n        self.prepare()\n\n"
+                "Trainer().run()\n"
+            ),
+        },
+        "train.py",
+    )
+    found = summaries.method_of(model, "Trainer", "prepare")
+    assert found is not None and found[0].path.endswith("base.py") and found[1].klass == "Root"
+    quiet = summaries.method_of(model, "Quiet", "prepare")
+    assert quiet is not None and quiet[1].klass == "Mixin"  # the first base wins, as in Python
+    trainer_run, quiet_run = (c for c in model.calls if c.dotted == "self.prepare")
+    assert summaries.PINS_GPU in summaries.call_effects(model, trainer_run)
+    assert summaries.PINS_GPU not in summaries.call_effects(model, quiet_run)
+
+
+def test_horovod_effects_and_the_lr_writers(tmp_path: pathlib.Path) -> None:
+    model = _project(
+        tmp_path,
+        {
+            "dist.py": (
+                "import horovod.torch as hvd\n\n"
+                "def sync(model, opt):\n    hvd.broadcast_parameters(model.state_dict(), root_rank=0)\n"
+                "    hvd.broadcast_optimizer_state(opt, root_rank=0)\n\n"
+                "def warm(opt, base):\n    for g in opt.param_groups:\n        g['lr'] = base * hvd.size()\n\n"
+                "def decay(opt):\n    for g in opt.param_groups:\n        g['lr'] = g['lr'] * 0.1\n"
+            ),
+            "train.py": "from dist import sync, warm, decay\nfrom vendor_sched import make\nsync(m, o)\nwarm(o, 0.1)\ndecay(o)\nprint(o)\nmake(o)\nlog(x)\n",
+        },
+        "train.py",
+    )
+    assert summaries.call_effects(model, _call(model, "sync")) >= {summaries.BROADCASTS_PARAMETERS, summaries.BROADCASTS_OPTIMIZER}
+    assert summaries.call_effects(model, _call(model, "warm")) >= {summaries.SCALES_LR, summaries.WRITES_LR, summaries.READS_WORKER_COUNT}
+    assert summaries.call_effects(model, _call(model, "decay")) == {summaries.WRITES_LR}
+    unfollowed = summaries.handed_to_unfollowed(model, frozenset({"o"}))
+    assert unfollowed is not None and unfollowed.dotted == "make"
+    assert summaries.handed_to_unfollowed(model, frozenset({"x"})) is not None
+    assert summaries.handed_to_unfollowed(model, frozenset({"m"})) is None  # only to sync, which is followed

@@ -458,3 +458,23 @@ def test_a_cached_result_on_a_terminal_still_shows_its_code_frame(
     second = run(["lint", "--select", "DDP002", "train.py"], project)  # from the cache: the file is read again
     frame = "model = torch.nn.SyncBatchNorm.convert_sync_batchnorm(model)"
     assert frame in first.output and frame in second.output  # type: ignore[attr-defined]
+
+
+CIFAR_PROJECT = Path(__file__).resolve().parent.parent / "fixtures/projects/cifar_sampler_in_data_module"
+
+
+def test_stdin_is_placed_in_its_project(tmp_path: Path) -> None:
+    """An editor pipes the buffer of train.py: its loaders and step live in data.py and engine.py on
+    disk, and the finding that needs them is the one linting the path gives."""
+    for name in ("data.py", "engine.py", "train.py"):
+        (tmp_path / name).write_text((CIFAR_PROJECT / name).read_text())
+    by_path = run(["lint", "--no-cache", "--format", "json", "train.py"], tmp_path)
+    piped = run(["lint", "--format", "json", "-", "--stdin-filename", "train.py"], tmp_path,
+                stdin=(tmp_path / "train.py").read_bytes())
+    assert by_path.exit_code == piped.exit_code == 1
+    assert by_path.output == piped.output and '"DDP001"' in piped.output
+    # The buffer, not the file on disk, is what gets linted (the user's unsaved edit reseeds the sampler).
+    edited = (tmp_path / "train.py").read_text().replace(
+        "        for images, labels in train_loader:", "        train_loader.sampler.set_epoch(epoch)\n        for images, labels in train_loader:"
+    )
+    assert run(["lint", "-", "--stdin-filename", "train.py"], tmp_path, stdin=edited.encode()).exit_code == 0

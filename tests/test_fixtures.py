@@ -19,7 +19,7 @@ from fixture_pins import PinError, Pins, describe, read_pins, read_pins_file
 
 from ddpdoctor.config import Settings
 from ddpdoctor.findings import Finding
-from ddpdoctor.lint.engine import lint_paths, lint_source
+from ddpdoctor.lint.engine import lint_paths, lint_source, lint_stdin
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures"
 PROJECTS = FIXTURES / "projects"
@@ -116,6 +116,16 @@ def test_project_file_named_alone_yields_exactly_its_pinned_findings(path: Path)
     findings = _lint([path], pins.world_size)
     assert all(Path(f.path).resolve() == path.resolve() for f in findings), findings
     assert _found(findings) == pins.findings, _mismatch(pins.findings, findings)
+
+
+@pytest.mark.parametrize("path", _alone_cases())
+def test_project_file_piped_through_stdin_yields_exactly_its_pinned_findings(path: Path) -> None:
+    """What an editor does (`ddpdoctor lint - --stdin-filename path`): the text is placed in its
+    project and the modules it imports are read from disk, so the answers are those of the path."""
+    pins = read_pins_file(path)
+    result = lint_stdin(path.read_bytes(), str(path), Settings(select=("ALL",), world_size=pins.world_size))
+    assert all(f.path == str(path) for f in result.findings), result.findings
+    assert _found(result.findings) == pins.findings, _mismatch(pins.findings, result.findings)
 
 
 def test_projects_are_real_projects() -> None:

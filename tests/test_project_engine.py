@@ -237,3 +237,43 @@ def test_real_analysis_cached_finding_follows_an_edit_of_the_imported_helper(tmp
     assert findings() == []
     (tmp_path / "utils/checkpoint.py").write_text(unguarded)
     assert findings() == [("main.py", 13, "DDP008")]
+
+
+CIFAR = Path(__file__).resolve().parent.parent / "fixtures/projects/cifar_sampler_in_data_module"
+
+
+def test_a_comment_naming_a_sampler_changes_nothing(tmp_path: Path) -> None:
+    """The issue's three-module CIFAR project: the pre-filter reads the import closure, so the
+    finding does not hinge on a `# sampler = None` comment that only fed the old byte test."""
+    for name in ("data.py", "engine.py", "train.py"):
+        (tmp_path / name).write_text((CIFAR / name).read_text())
+    plain = lint([tmp_path / "train.py"], tmp_path, use_cache=False).findings
+    text = (tmp_path / "train.py").read_text()
+    (tmp_path / "train.py").write_text(text.replace("def main():", "# sampler = None\ndef main():"))
+    commented = lint([tmp_path / "train.py"], tmp_path, use_cache=False).findings
+    assert [(f.code, f.line) for f in plain] == [("DDP001", 24)]
+    assert [(f.code, f.line) for f in commented] == [("DDP001", 25)]
+
+
+def test_a_module_gaining_the_api_re_analyses_a_file_the_pre_filter_skipped(tmp_path: Path) -> None:
+    for name in ("data.py", "engine.py", "train.py"):
+        (tmp_path / name).write_text((CIFAR / name).read_text())
+    data = (tmp_path / "data.py").read_text()
+    unsampled = data.replace("sampler=DistributedSampler(train_set)", "shuffle=True").replace(
+        "DistributedSampler", "RandomSampler"
+    )
+    (tmp_path / "data.py").write_text(unsampled)
+    train = tmp_path / "train.py"
+
+    def lint_ddp001() -> engine.RunResult:
+        run, _ = lint_paths([str(train)], Settings(select=("DDP001",)), jobs=1, cache_root=tmp_path)
+        return run
+
+    first = lint_ddp001()
+    assert first.findings == [] and not first.files[0].parsed
+    assert str(tmp_path / "data.py") in first.files[0].depends  # the pre-filter read it
+    assert cached(lint_ddp001()) == {"train.py": True}
+    (tmp_path / "data.py").write_text(data)
+    again = lint_ddp001()
+    assert cached(again) == {"train.py": False}
+    assert [f.code for f in again.findings] == ["DDP001"]

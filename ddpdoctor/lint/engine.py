@@ -23,7 +23,7 @@ from ddpdoctor.catalog import rule_info
 from ddpdoctor.config import Settings, lint_catalog
 from ddpdoctor.findings import Finding, Severity
 from ddpdoctor.lint import isolation, normalise, notebook
-from ddpdoctor.lint.analysis import ModuleModel, build_analysis
+from ddpdoctor.lint.analysis import ModuleModel, build_analysis, launch
 from ddpdoctor.lint.analysis.imports import ProjectSources
 from ddpdoctor.lint.cache import ResultCache, content_hash
 from ddpdoctor.lint.files import discover, read_regular
@@ -107,19 +107,78 @@ def decode(data: bytes, path: str) -> Union[str, Finding]:
     return text
 
 
-def interested_rules(data: bytes, rules: Sequence[type[Rule]]) -> list[type[Rule]]:
-    """The rules whose trigger words (and context words, if any) appear in the raw bytes.
+def interested_rules(
+    data: bytes, rules: Sequence[type[Rule]], elsewhere: frozenset[bytes] = frozenset()
+) -> list[type[Rule]]:
+    """The rules whose trigger words (and context words, if any) appear in the raw bytes, or among
+    `elsewhere` (the words the project modules the file imports mention).
 
     This is the cheap pre-filter: a file no rule is interested in is never parsed. Plain substring
     tests on bytes cost microseconds, the parse tens of milliseconds."""
-    out: list[type[Rule]] = []
-    for rule in rules:
-        if rule.trigger_words and not any(word.encode() in data for word in rule.trigger_words):
-            continue
-        if rule.context_words and not any(word.encode() in data for word in rule.context_words):
-            continue
-        out.append(rule)
-    return out
+
+    def mentions(words: tuple[str, ...]) -> bool:
+        return any(word.encode() in elsewhere or word.encode() in data for word in words)
+
+    return [
+        rule
+        for rule in rules
+        if (not rule.trigger_words or mentions(rule.trigger_words))
+        and (not rule.context_words or mentions(rule.context_words))
+    ]
+
+
+def project_interested_rules(
+    data: bytes, path: str, rules: Sequence[type[Rule]], project: Optional[ProjectSources]
+) -> list[type[Rule]]:
+    """The pre-filter over a file and the project modules in its import closure: a rule whose APIs
+    live in an imported module (the sampler built in `data.py`, the process group created in
+    `dist.py`) is interested in the file that uses them. The closure is walked only while some
+    rule is still undecided, and stops as soon as none is."""
+    interested = interested_rules(data, rules)
+    if project is None or len(interested) == len(rules) or not any(word in data for word in CLOSURE_GATE):
+        return interested
+    vocabulary = _vocabulary()
+    own = {word for word in vocabulary if word in data}
+    # Each undecided rule as the word sets it needs (one of each), less what the file says itself.
+    needs = [
+        [frozenset(w.encode() for w in words) for words in (rule.trigger_words, rule.context_words) if words]
+        for rule in rules
+        if rule not in interested
+    ]
+    needs = [[words for words in need if own.isdisjoint(words)] for need in needs]
+
+    def enough(found: set[bytes]) -> bool:
+        return all(not found.isdisjoint(words) for need in needs for words in need)
+
+    found = project.closure_mentions(Path(path), data, vocabulary, enough)
+    if not found:
+        return interested
+    return interested_rules(data, rules, found)
+
+
+# A finding that needs another module's facts is reported where the importer does the training: it
+# creates or wraps a process group (`DDP` included, however it was imported), starts processes, asks
+# for a rank, or runs epochs. Only such a
+# file has its import closure read (library code, most of a large tree, is judged by its own bytes,
+# which keeps the pre-filter cheap there; torch's own docstrings are full of `.backward()`).
+CLOSURE_GATE = tuple(
+    word.encode()
+    for word in (*launch.LAUNCH_WORDS, "local_rank", "LOCAL_RANK", "get_rank", "hvd.", "epoch", "DDP")
+)
+
+
+def _vocabulary() -> frozenset[bytes]:
+    """Every rule's trigger and context words: what the closure walk looks for in each module (one
+    vocabulary per run, whatever rules a file selects, so each module is scanned once)."""
+    global _VOCABULARY
+    if _VOCABULARY is None:
+        _VOCABULARY = frozenset(
+            word.encode() for rule in all_rules().values() for word in (*rule.trigger_words, *rule.context_words)
+        )
+    return _VOCABULARY
+
+
+_VOCABULARY: Optional[frozenset[bytes]] = None
 
 
 def lint_text(
@@ -258,9 +317,29 @@ def _lint_python(
     reason = limits.too_large(len(data))
     if reason is not None:
         return given_up(path, codes, reason)
+    if project is None:
+        return _lint_bytes(data, path, codes, world_size, fix, project, unsafe_fixes, limits)
+    # What the pre-filter and the analysis read of the project is this file's dependencies.
+    with project.scope():
+        result = _lint_bytes(data, path, codes, world_size, fix, project, unsafe_fixes, limits)
+        own = Path(os.path.abspath(path))
+        result.depends = {str(p): state for p, state in project.dependencies().items() if p != own}
+    return result
+
+
+def _lint_bytes(
+    data: bytes,
+    path: str,
+    codes: frozenset[str],
+    world_size: Optional[int],
+    fix: bool,
+    project: Optional[ProjectSources],
+    unsafe_fixes: bool,
+    limits: isolation.Limits,
+) -> FileResult:
     # Decoding and the byte pre-filter are cheap and cannot recurse: most files end here, without
     # paying for the isolated analysis thread (its 512 MB stack costs ~2 ms to set up per file).
-    prepared = _prepare(data, path, codes)
+    prepared = _prepare(data, path, codes, project)
     if isinstance(prepared, FileResult):
         return _check_suppressions(prepared, codes)
     text, selected, rules = prepared
@@ -372,7 +451,7 @@ def given_up(path: str, codes: frozenset[str], reason: str, transient: bool = Fa
 
 
 def _prepare(
-    data: bytes, path: str, codes: frozenset[str]
+    data: bytes, path: str, codes: frozenset[str], project: Optional[ProjectSources]
 ) -> Union[FileResult, tuple[str, list[type[Rule]], list[type[Rule]]]]:
     """The file's text, the selected rules and those its bytes interest; or, when nothing needs
     parsing (undecodable, or no rule's trigger words), already the file's result."""
@@ -381,7 +460,7 @@ def _prepare(
         findings = [decoded] if PARSE_ERROR_CODE in codes else []
         return FileResult(path, findings)
     selected = _selected_rules(codes)
-    rules = interested_rules(data, selected)
+    rules = project_interested_rules(data, path, selected, project)
     if not rules and (selected or PARSE_ERROR_CODE not in codes):
         return FileResult(path, [], source=decoded)
     return decoded, selected, rules
@@ -399,16 +478,9 @@ def _lint_text(
     project: Optional[ProjectSources],
     unsafe_fixes: bool,
 ) -> FileResult:
-    depends: dict[str, Optional[str]] = {}
-    if project is None:
-        findings, parsed = lint_text(text, path, rules, world_size)
-    else:
-        with project.scope():
-            findings, parsed = lint_text(text, path, rules, world_size, project, data)
-            own = Path(os.path.abspath(path))
-            depends = {str(p): state for p, state in project.dependencies().items() if p != own}
+    findings, parsed = lint_text(text, path, rules, world_size, project, data)
     findings = [f for f in findings if f.code in codes]
-    result = FileResult(path, findings, source=text, parsed=parsed, depends=depends)
+    result = FileResult(path, findings, source=text, parsed=parsed)
     if fix:
         # Fixes are re-linted with every selected rule: a fix may add text another rule cares about.
         # With the same project as the first lint, so a finding is judged the same way before and after.
@@ -439,6 +511,27 @@ def lint_source(
     data = source.encode("utf-8") if isinstance(source, str) else source
     codes = settings.codes_for(path, settings.enabled_codes())
     return lint_bytes(data, path, codes, settings.world_size, fix, unsafe_fixes=unsafe_fixes)
+
+
+def lint_stdin(
+    data: bytes,
+    name: Optional[str],
+    settings: Settings,
+    fix: bool = False,
+    unsafe_fixes: bool = False,
+) -> FileResult:
+    """Lint text an editor pipes in as the file `name` (`--stdin-filename`): placed in its project
+    as linting that file by path would, so the modules it imports are read from disk and give the
+    same findings (the piped text stands for the file itself, also where a module imports it back).
+    Without a name, or with one whose folder does not exist, the text is linted alone."""
+    path = name or "<stdin>"
+    codes = settings.codes_for(path, settings.enabled_codes())
+    project: Optional[ProjectSources] = None
+    if name is not None and os.path.isdir(os.path.dirname(os.path.abspath(name))):
+        project = ProjectSources.for_paths([name])
+    return lint_bytes(
+        data, path, codes, settings.world_size, fix, project=project, unsafe_fixes=unsafe_fixes, limits=file_limits(settings)
+    )
 
 
 # One per worker process and run (set by lint_paths before it forks its workers, or when serial).

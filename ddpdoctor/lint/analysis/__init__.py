@@ -11,6 +11,8 @@
     lazy       nn.Lazy* layers a module value holds, and whether a forward materialised them
     stepping   which call steps an optimizer, under which accumulation condition, what clears its gradients
     reads      where the value a call builds is read, through the one name it is bound to
+    launchfiles how the project is launched: torchrun/horovodrun/srun/sbatch/deepspeed/accelerate
+               lines in its shell, SLURM, Makefile, YAML/JSON and README files (read, never run)
     harness    test-suite detection
     launch     launch evidence: is this one of several processes; what the launcher's environment says
     ranks      who runs this: all ranks / rank 0 / the others / a subset / single-process only
@@ -33,7 +35,7 @@ from typing import Optional
 
 import libcst as cst
 
-from ddpdoctor.lint.analysis import callorder, collectives, conditions, devices, divergence, harness, launch, launcher_env, lazy, ranks, reads, sharding, stepping, summaries, syntax
+from ddpdoctor.lint.analysis import callorder, collectives, conditions, devices, divergence, harness, launch, launcher_env, launchfiles, lazy, ranks, reads, sharding, stepping, summaries, syntax
 from ddpdoctor.lint.analysis import evaluation, rank_arguments, shared_writes
 from ddpdoctor.lint.analysis.imports import ProjectSources
 from ddpdoctor.lint.analysis.model import (
@@ -54,7 +56,7 @@ from ddpdoctor.lint.analysis.syntax import UNKNOWN, Expr, contains, dotted_name,
 __all__ = [
     "MAX_DEPTH", "UNKNOWN", "Assignment", "Call", "Context", "Expr", "Function", "Guard", "Loop",
     "ModuleModel", "ProjectSources", "Route", "Runs", "SubscriptStore", "WhoRuns", "build_analysis",
-    "callorder", "collectives", "conditions", "contains", "decided_by_guards", "devices", "divergence", "dotted_name", "evaluation", "harness", "launch", "launcher_env", "lazy", "names_in", "rank_arguments", "ranks",
+    "callorder", "collectives", "conditions", "contains", "decided_by_guards", "devices", "divergence", "dotted_name", "evaluation", "harness", "launch", "launcher_env", "launchfiles", "lazy", "names_in", "rank_arguments", "ranks",
     "reaches_several_processes", "reads", "route_runs", "sharding", "shared_writes", "stepping", "summaries", "syntax", "walk", "who_runs",
 ]
 

@@ -21,11 +21,12 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import os
+import re
 import tokenize
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from io import BytesIO
 from pathlib import Path
-from typing import Callable, Hashable, Iterator, Optional, Sequence, TypeVar, Union
+from typing import Callable, Hashable, Iterable, Iterator, Optional, Sequence, TypeVar, Union
 
 import libcst as cst
 
@@ -40,11 +41,19 @@ MAX_WALK_UP = 32
 # tree provides every linted module: unbounded, 10,000 files would hold gigabytes. Past the bound the
 # least recently used tree is dropped (its digest is kept) and re-parsed if asked for again.
 MAX_MODULES = 256
+# How many imports deep the pre-filter's closure goes: the analysis follows calls a few modules deep
+# (summaries.EFFECT_DEPTH) and re-exports three (model.STAR_CHAIN_DEPTH), never the whole graph.
+CLOSURE_DEPTH = 3
 
 # Dependency states recorded per scope: a content digest, or one of these.
 EXISTS = ""  # the file's existence mattered (a resolution hit), not its content
 ABSENT = None  # a candidate file that must stay absent for the resolution to hold
 State = Optional[str]
+
+
+# An import statement as the pre-filter reads it from bytes: (relative level, module, names imported
+# from it); `import a.b, c` is two statements with no names.
+ImportStatement = tuple[int, str, tuple[str, ...]]
 
 
 class MemoCycle(RuntimeError):
@@ -124,6 +133,15 @@ class ProjectSources:
         self._memo: dict[Hashable, tuple[object, dict[Path, State]]] = {}
         self._computing: set[Hashable] = set()
         self._scopes: list[dict[Path, State]] = [{}]
+        # Per module, for the pre-filter: (the vocabulary asked about, the words of it found, the
+        # project modules its import statements name). Facts, not bytes: a run over 10,000 files
+        # keeps a few sets each.
+        self._scanned: dict[Path, tuple[frozenset[bytes], frozenset[bytes], tuple[Path, ...]]] = {}
+        self._tops: dict[Path, Optional[Path]] = {}
+        self._listings: dict[str, frozenset[str]] = {}
+        self._package_tops: dict[Path, Path] = {}
+        self._quick_resolved: dict[tuple[Path, Optional[str], int], Optional[Path]] = {}
+        self._roots_for: dict[Path, tuple[str, ...]] = {}
 
     @classmethod
     def for_paths(cls, paths: Sequence[Union[str, Path]]) -> "ProjectSources":
@@ -239,7 +257,9 @@ class ProjectSources:
             self._note(path, self._digests[path])
         return module
 
-    def _read_and_parse(self, path: Path) -> Optional[cst.Module]:
+    def _read(self, path: Path) -> Optional[bytes]:
+        """A Python source file's bytes (up to one past MAX_BYTES), its digest kept; None when it is
+        not a readable `.py`/`.pyi` file."""
         if path.suffix not in (".py", ".pyi") or not _is_file(path):
             return None
         try:
@@ -248,7 +268,11 @@ class ProjectSources:
         except OSError:
             return None
         self._digests[path] = content_digest(data)
-        if len(data) > MAX_BYTES or b"\x00" in data:
+        return data
+
+    def _read_and_parse(self, path: Path) -> Optional[cst.Module]:
+        data = self._read(path)
+        if data is None or len(data) > MAX_BYTES or b"\x00" in data:
             return None
         try:
             encoding, _ = tokenize.detect_encoding(BytesIO(data).readline)
@@ -294,7 +318,7 @@ class ProjectSources:
             return self._find(base, parts)
         if not parts:
             return None
-        for root in dict.fromkeys((_package_top(folder), folder, *self.roots)):
+        for root in dict.fromkeys((self._package_top(folder), folder, *self.roots)):
             found = self._find(root, parts)
             if found is not None:
                 return found
@@ -304,6 +328,75 @@ class ProjectSources:
         exists = _is_file(candidate)
         self._note(candidate, EXISTS if exists else ABSENT)
         return exists
+
+    def _package_top(self, folder: Path) -> Path:
+        """`_package_top`, once per folder per run."""
+        top = self._package_tops.get(folder)
+        if top is None:
+            top = self._package_tops[folder] = _package_top(folder)
+        return top
+
+    def _listing(self, folder: str) -> frozenset[str]:
+        """The names in a folder, listed once per run (the pre-filter resolves from these instead of
+        probing each candidate file)."""
+        names = self._listings.get(folder)
+        if names is None:
+            try:
+                names = frozenset(os.listdir(folder))
+            except OSError:
+                names = frozenset()
+            self._listings[folder] = names
+        return names
+
+    def _search_roots(self, folder: Path) -> tuple[str, ...]:
+        roots = self._roots_for.get(folder)
+        if roots is None:
+            roots = self._roots_for[folder] = tuple(
+                str(r) for r in dict.fromkeys((self._package_top(folder), folder, *self.roots))
+            )
+        return roots
+
+    def _quick_resolve(self, importer: Path, module: Optional[str], level: int) -> Optional[Path]:
+        """`resolve`'s rules for the pre-filter's closure, answered from folder listings (strings,
+        no probes) and recording nothing (see `closure_mentions`). Memoised per folder."""
+        key = (importer.parent, module, level)
+        if key in self._quick_resolved:
+            return self._quick_resolved[key]
+        parts = module.split(".") if module else []
+        found: Optional[str] = None
+        if level > 0:
+            base = str(importer.parent)
+            for _ in range(level - 1):
+                base = os.path.dirname(base)
+            if not parts:
+                found = os.path.join(base, "__init__.py") if "__init__.py" in self._listing(base) else None
+            else:
+                found = self._quick_find(base, parts)
+        elif parts:
+            for root in self._search_roots(importer.parent):
+                names = self._listing(root)
+                if parts[0] in names or f"{parts[0]}.py" in names:
+                    found = self._quick_find(root, parts)
+                    if found is not None:
+                        break
+        result = Path(found) if found is not None else None
+        self._quick_resolved[key] = result
+        return result
+
+    def _quick_find(self, base: str, parts: list[str]) -> Optional[str]:
+        current = base
+        for part in parts[:-1]:
+            names = self._listing(current)
+            if part in names and "__init__.py" in self._listing(os.path.join(current, part)):
+                current = os.path.join(current, part)
+            elif f"{part}.py" in names or part not in names:
+                return None
+            else:
+                current = os.path.join(current, part)  # a namespace folder
+        last = parts[-1]
+        if last in self._listing(current) and "__init__.py" in self._listing(os.path.join(current, last)):
+            return os.path.join(current, last, "__init__.py")
+        return os.path.join(current, f"{last}.py") if f"{last}.py" in self._listing(current) else None
 
     def _find(self, base: Path, parts: list[str]) -> Optional[Path]:
         """`a.b.c` under `base`: each of a, b a package or namespace folder (a module `a.py` is
@@ -359,6 +452,7 @@ class ProjectSources:
         except (OSError, ValueError):
             return
         self._modules.pop(path, None)
+        self._scanned.pop(path, None)  # the pre-filter's words and imports of its old text
         self._unparsable.discard(path)
         self._digests.pop(path, None)
         self._absent.discard(path)
@@ -367,6 +461,106 @@ class ProjectSources:
             key: value for key, value in self._memo.items()
             if path not in value[1] and not (isinstance(key, tuple) and path in key)
         }
+
+    # ---- launch files (shell, SLURM, YAML, README): read as text, recorded like modules
+
+    def top_of(self, path: Path) -> Optional[Path]:
+        """The project's top folder for a file (the nearest `pyproject.toml`, `setup.py`,
+        `setup.cfg` or repository top above it), else the file's own folder."""
+        try:
+            folder = _absolute(path).parent
+            return _project_top(folder, self._tops) or folder
+        except (OSError, ValueError):
+            return None
+
+    def read_launch_file(self, path: Path, max_bytes: int) -> Optional[bytes]:
+        """A launch file's bytes (None when unreadable or larger than `max_bytes`), recorded as a
+        dependency of the current scope: an edit to the launch script re-analyses its users."""
+        try:
+            with open(path, "rb") as handle:
+                data = handle.read(MAX_BYTES + 1)  # as digest_of reads it, so the cache can compare
+        except OSError:
+            return None
+        path = _absolute(path)
+        self._digests[path] = content_digest(data)
+        self._note(path, self._digests[path])
+        return data if len(data) <= max_bytes and b"\x00" not in data else None
+
+    # ---- the import closure, by bytes (the pre-filter's view)
+
+    def closure_mentions(
+        self, path: Path, data: bytes, vocabulary: frozenset[bytes], enough: Callable[[set[bytes]], bool]
+    ) -> frozenset[bytes]:
+        """The words of `vocabulary` that the project modules in `path`'s import closure mention
+        (`path` itself, whose bytes are `data`, not counted). The closure is what the analysis may
+        read: the modules `path` imports, what they import, and so on, CLOSURE_DEPTH imports deep
+        (the analysis follows calls and re-exports a few modules deep, not further), found by
+        scanning bytes for import statements: nothing is parsed, and each module is read, scanned and
+        its imports resolved once per run. The walk stops as soon as `enough(found)`.
+
+        Recorded as the current scope's dependencies: the content of every module the walk read (an
+        edit that adds a rule's API to one of them re-analyses the file). Not recorded: the candidate
+        files the imports looked for (a module appearing where an import looked is seen when the
+        analysis follows that import, or when the importer changes); the walk resolves from folder
+        listings, once per module per run."""
+        path = _absolute(path)
+        found: set[bytes] = set()
+        done = {path}
+        todo = deque((p, 1) for p in self._resolve_statements(path, _import_statements(data), self._quick_resolve))
+        while todo and not enough(found):
+            current, depth = todo.popleft()
+            if current in done:
+                continue
+            done.add(current)
+            scanned = self._scan(current, vocabulary)
+            if scanned is None:
+                continue
+            words, imports = scanned
+            found |= words
+            if depth < CLOSURE_DEPTH:
+                todo.extend((p, depth + 1) for p in imports if p not in done)
+        return frozenset(found)
+
+    def _scan(self, path: Path, vocabulary: frozenset[bytes]) -> Optional[tuple[frozenset[bytes], tuple[Path, ...]]]:
+        known = self._scanned.get(path)
+        if known is None or known[0] != vocabulary:
+            data = self._read(path)
+            if data is None:
+                return None
+            imports: tuple[Path, ...] = ()
+            words: frozenset[bytes] = frozenset()
+            if len(data) <= MAX_BYTES:  # a larger one is never parsed by the analysis either
+                words = frozenset(w for w in vocabulary if w in data)
+                imports = self._resolve_statements(path, _import_statements(data), self._quick_resolve)
+            known = (vocabulary, words, imports)
+            self._scanned[path] = known
+        self._note(path, self._digests[path])
+        return known[1], known[2]
+
+    def _resolve_statements(
+        self,
+        path: Path,
+        statements: Iterable[ImportStatement],
+        resolve: Optional[Callable[[Path, Optional[str], int], Optional[Path]]] = None,
+    ) -> tuple[Path, ...]:
+        """The project modules import statements name, resolved from `path`. `from pkg import a, b`
+        counts `pkg/a.py` and `pkg/b.py` only when `pkg` is a project package (the names imported
+        from `typing` are not looked for as modules)."""
+        resolve = resolve or self.resolve
+        found: dict[Path, None] = {}
+        for level, module, names in statements:
+            if level == 0 and module.split(".")[0] == "torch":
+                continue  # the analysis never follows torch's own names (`model._import_candidates`)
+            base = resolve(path, module or None, level)
+            if base is not None and base != path:
+                found[base] = None
+            if base is None or base.name != "__init__.py":
+                continue
+            for name in names:
+                resolved = resolve(path, f"{module}.{name}" if module else name, level)
+                if resolved is not None and resolved != path:
+                    found[resolved] = None
+        return tuple(found)
 
     # ---- per-run memo
 
@@ -430,3 +624,33 @@ def _child_statements(node: cst.BaseCompoundStatement) -> Iterator[cst.CSTNode]:
             yield from block.body
         elif isinstance(block, cst.SimpleStatementSuite):
             yield cst.SimpleStatementLine(body=block.body)
+
+
+# `import a.b as c, d` / `from ..pkg import (x, y as z)` at any indentation (imports inside functions
+# and `try:` blocks count, as for the analysis). A match inside a string or a comment only adds a
+# module to the closure: the pre-filter errs towards analysing.
+_IMPORT = re.compile(
+    rb"^[ \t]*(?:from[ \t]+(\.*)[ \t]*([\w.]*)[ \t]+import[ \t]*(\([^)]*\)|[^\n#;]*)|import[ \t]+([^\n#;]*))",
+    re.MULTILINE,
+)
+_AS = re.compile(rb"\s+as\s+\w+")
+
+
+def _import_statements(data: bytes) -> Iterator[ImportStatement]:
+    """The import statements in a module's bytes, by a regular expression (no parse)."""
+    for match in _IMPORT.finditer(data):
+        dots, module, names, plain = match.groups()
+        if plain is not None:
+            for part in _AS.sub(b"", plain.rstrip(b"\\ \t\r")).split(b","):
+                name = part.strip().decode("ascii", "replace")
+                if name and all(p.isidentifier() for p in name.split(".")):
+                    yield 0, name, ()
+            continue
+        listed = _AS.sub(b"", names.strip(b"()\\ \t\r\n"))
+        imported = tuple(
+            n for n in (part.strip().decode("ascii", "replace") for part in listed.split(b",")) if n.isidentifier()
+        )
+        module_name = module.decode("ascii", "replace")
+        if module_name and not all(p.isidentifier() for p in module_name.split(".")):
+            continue
+        yield len(dots), module_name, imported

@@ -8,10 +8,13 @@ SLURM all start N copies of a script; the checkpoint, sampler and device rules o
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Optional
 
 import libcst as cst
 
+from ddpdoctor.lint.analysis.launchfiles import MULTI_NODE, Launch, multi_process_launch, node_verdict, project_launches
+from ddpdoctor.lint.analysis.launchfiles import UNKNOWN as UNKNOWN_LAUNCH
 from ddpdoctor.lint.analysis.model import MAX_DEPTH, UNKNOWN, Assignment, Call, Function, ModuleModel
 from ddpdoctor.lint.analysis.syntax import dotted_name, walk
 
@@ -57,6 +60,8 @@ def multiprocess_evidence(model: ModuleModel) -> Optional[Call]:
             world = call.arg(3, "world_size")
             if world is None or model.const_value(world, call.order, call.function) != 1:
                 return call
+            if _one_only_by_option_default(model, world, call) and launched_as_several(model):
+                return call
         return None
     for names in (
         (DDP_CLASS,), tuple(HOROVOD_INIT_CALLS), tuple(DEEPSPEED_INIT_CALLS), tuple(SPAWN_CALLS),
@@ -96,6 +101,68 @@ def dead_in_script(model: ModuleModel, function: Optional[Function]) -> bool:
     """`function` is a helper of a script that the script never calls nor hands on: dead code
     (its call commented out). In a library module its callers may be in other files: not dead."""
     return function is not None and is_script(model) and not runs_in_module(model, function)
+
+
+def _one_only_by_option_default(model: ModuleModel, world: cst.BaseExpression, call: Call) -> bool:
+    """`world_size=args.world_size` whose 1 is the command-line option's default: what the
+    launch passes decides, not the default."""
+    return any(
+        (dotted_name(leaf) or "").count(".") == 1 and model.argparse_default(dotted_name(leaf) or "") is not None
+        for leaf in [world, *(v for v, _, _ in model.leaf_values(world, call.order, call.function))]
+    )
+
+
+def launched_as_several(model: ModuleModel) -> Optional[str]:
+    """Why the script runs as several processes whatever its options' defaults say, or None: it
+    reads its local rank from the launcher's environment (`os.environ["LOCAL_RANK"]`), or a launch
+    file of the project runs it with a launcher or several processes (the file and line)."""
+    for key, node in env_reads(model):
+        if key in LOCAL_RANK_ENV:
+            return f"it reads {key} from the launcher (line {model.line_of(node)})"
+    several = multi_process_launch(launches(model))
+    return f"{several.where()} starts it with {several.launcher}" if several is not None else None
+
+
+# The launcher's per-node process index (also in ranks, which sits above this module).
+LOCAL_RANK_ENV = frozenset({"LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_RANK", "SLURM_LOCALID", "MPI_LOCALRANKID"})
+
+
+def launches(model: ModuleModel) -> list[Launch]:
+    """The launch lines of the project's launch files that run this module's file (shell scripts,
+    SLURM batch files, Makefiles, YAML/JSON configs, README commands). Empty without a project."""
+    return model.memoized(
+        ("launch-file-launches",), lambda: project_launches(model.project, Path(model.path)), []
+    )
+
+
+def launch_file_nodes(model: ModuleModel) -> tuple[str, Optional[Launch]]:
+    """What the project's launch files say of the node count this script runs on, and the launch
+    relied on: launchfiles.MULTI_NODE (some launch spans nodes), launchfiles.SINGLE_NODE (every launch
+    stays on one node), launchfiles.UNKNOWN (no launch of it found, or one whose node count is not
+    written down)."""
+    return node_verdict(launches(model))
+
+
+def launch_file_processes(model: ModuleModel) -> tuple[str, Optional[Launch]]:
+    """The same question for processes, the one rules ask when one process is the only safe case:
+    (launchfiles.MULTI_NODE, launch) when some launch spans nodes; ("one process", launch) when every
+    launch is a single process on a single node; ("several processes", launch) when one starts
+    several (or uses a launcher); (launchfiles.UNKNOWN, None) otherwise."""
+    found = launches(model)
+    verdict, launch = node_verdict(found)
+    if verdict == MULTI_NODE:
+        return verdict, launch
+    if found and all(f.one_process for f in found):
+        return ONE_PROCESS, found[0]
+    several = multi_process_launch(found)
+    if several is not None:
+        return SEVERAL_PROCESSES, several
+    return UNKNOWN_LAUNCH, None
+
+
+ONE_PROCESS = "one process"
+
+SEVERAL_PROCESSES = "several processes"
 
 
 def single_node_rendezvous(model: ModuleModel) -> bool:

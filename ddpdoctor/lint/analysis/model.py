@@ -546,6 +546,7 @@ class ModuleModel:
         # `from .<module> import name [as local]`: local -> (module, level, name).
         self.relative_imports: dict[str, tuple[Optional[str], int, str]] = {}
         self._star_table: Optional[dict[str, str]] = None
+        self._reexports: dict[str, Optional[str]] = {}
         self._built = False
         self._star_fallback: Optional[str] = None
         self.imported_modules: set[str] = set()
@@ -654,11 +655,34 @@ class ModuleModel:
             return None
         head, _, rest = name.partition(".")
         target = self.imports.get(head)
+        if self.project is not None and target is not None and not target.startswith("torch"):
+            target = self._reexported(head) or target
         if target is None and self.star_imports:
             target = self._through_star(head)
         if target is None:
             return None
         return canonical(f"{target}.{rest}" if rest else target)
+
+    def _reexported(self, head: str) -> Optional[str]:
+        """What a name imported from a project package means when the package's `__init__.py` only
+        re-exports it (`from utils import DDP` where utils/__init__.py does `from
+        torch.nn.parallel import DistributedDataParallel as DDP`): the import it is there. Only
+        absolute imports (what a training script writes; a library's relative imports are many and
+        rarely re-export torch) of packages' `__init__.py` (the hubs that re-export), each read once
+        per run."""
+        if head in self._reexports:
+            return self._reexports[head]
+        found: Optional[str] = None
+        project = self.project
+        if project is not None:
+            for module, level, name in self._import_candidates(head):
+                path = project.resolve(Path(self.path), module, level)
+                if path is not None and path.name == "__init__.py" and str(path) != os.path.abspath(self.path):
+                    found = _star_exports(project, path, 0).get(name)
+                    if found is not None:
+                        break
+        self._reexports[head] = found
+        return found
 
     def _through_star(self, head: str) -> Optional[str]:
         """What a name not bound here means when star imports may have brought it: the import it
@@ -1627,6 +1651,10 @@ class ModuleModel:
             if len(wrapped) == 1 and wrapped[0] is not value:
                 return self.returned_by_project_helper(wrapped[0], assignment.order, assignment.function, depth + 1)
         linked = self.linked_function(call)
+        if linked is None and call.attr is not None and call.receiver is not None:
+            # `loader = data.train_loader()` on an object of another module's class (a getter).
+            method = self.linked_method(call)
+            linked = (method[0], method[1]) if method is not None else None
         if linked is None:
             return None
         return linked[0], linked[1], position, name

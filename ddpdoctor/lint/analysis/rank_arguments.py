@@ -7,7 +7,8 @@ the rendezvous waits for ranks that never come, or two processes draw the same s
 the local rank is the global rank, so the same code is correct there: a job is single-node by
 construction when its process group meets on the loopback interface, or when the number of
 processes it is told is this node's GPU count (`world_size=torch.cuda.device_count()`) or
-`LOCAL_WORLD_SIZE`, and nothing in the script reads a node count or node index.
+`LOCAL_WORLD_SIZE`, and nothing in the script reads a node count or node index; or when every launch
+of it in the project's launch files (launchfiles.py) stays on one node.
 """
 
 from __future__ import annotations
@@ -21,9 +22,11 @@ from ddpdoctor.lint.analysis.launch import (
     GPU_COUNT,
     INIT_PROCESS_GROUP,
     env_key,
+    launch_file_nodes,
     multinode_evidence,
     single_node_rendezvous,
 )
+from ddpdoctor.lint.analysis.launchfiles import SINGLE_NODE
 from ddpdoctor.lint.analysis.model import Call, ModuleModel
 from ddpdoctor.lint.analysis.ranks import rank_kind
 from ddpdoctor.lint.analysis.syntax import dotted_name
@@ -73,8 +76,11 @@ def local_rank_arguments(model: ModuleModel) -> list[RankArgument]:
 def single_node_by_construction(model: ModuleModel, argument: RankArgument) -> bool:
     """The job cannot span nodes: a loopback rendezvous, or a process count that is this node's
     (`torch.cuda.device_count()`, `LOCAL_WORLD_SIZE`, `hvd.local_size()`) on every path, in a script
-    that reads no node count or index."""
+    that reads no node count or index; or every launch the project's launch files make of it stays
+    on one node (`torchrun --nproc_per_node 2 train.py`, no --nnodes)."""
     if single_node_rendezvous(model):
+        return True
+    if multinode_evidence(model) is None and launch_file_nodes(model)[0] == SINGLE_NODE:
         return True
     if argument.size is None or multinode_evidence(model) is not None:
         return False

@@ -23,6 +23,7 @@ from ddpdoctor.lint.analysis.launch import (
     DEEPSPEED_INIT_CALLS,
     HOROVOD_INIT_CALLS,
     INIT_PROCESS_GROUP,
+    LOCAL_RANK_ENV,
     NODE_INDEX_ENV,
     NODE_INDEX_NAMES,
     PROCESS_GROUP_CALLS,
@@ -74,7 +75,6 @@ LOCAL_RANK_HELPERS = frozenset({"get_local_rank", "local_rank"})
 # Variables a launcher sets in every process it starts; their absence means a plain `python train.py`.
 LAUNCHER_ENV = frozenset({"RANK", "LOCAL_RANK", "WORLD_SIZE", "SLURM_PROCID", "OMPI_COMM_WORLD_RANK", "PMI_RANK"})
 GLOBAL_RANK_ENV = frozenset({"RANK", "OMPI_COMM_WORLD_RANK", "SLURM_PROCID", "PMI_RANK", "GLOBAL_RANK"})
-LOCAL_RANK_ENV = frozenset({"LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_RANK", "SLURM_LOCALID", "MPI_LOCALRANKID"})
 
 # Boolean-valued names/attributes/calls that mean "this is the main process".
 MAIN_PROCESS_NAMES = frozenset(

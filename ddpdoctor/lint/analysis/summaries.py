@@ -10,15 +10,18 @@ computed on demand and memoised with its module's model.
 
 from __future__ import annotations
 
+import builtins
 from dataclasses import dataclass
 from typing import Iterator, Optional, Union
 
 import libcst as cst
 
+from ddpdoctor.lint.analysis.devices import device_pin_calls, visible_devices_writes
+from ddpdoctor.lint.analysis.launch import HOROVOD_SIZE_CALLS, mentions_calls, runs_in_module
 from ddpdoctor.lint.analysis.model import Call, Expr, Function, Loop, ModuleModel, mentions
 from ddpdoctor.lint.analysis.ranks import decided_by_guards, rank_kind
 from ddpdoctor.lint.analysis.stepping import clears_before
-from ddpdoctor.lint.analysis.syntax import contains, dotted_name
+from ddpdoctor.lint.analysis.syntax import contains, dotted_name, mentions_identifier
 
 SAVE = "torch.save"
 # Buffers: a save into one writes no file.
@@ -168,6 +171,8 @@ def returned_shuffled_loaders(model: ModuleModel, function: Function) -> dict[Op
 
     def compute() -> dict[Optional[int], Call]:
         out: dict[Optional[int], Call] = {}
+        if any(call.attr == "set_epoch" for call in function.calls):
+            return out  # `epoch_loader(bs, epoch)` reseeds what it builds: a loader rebuilt each epoch
         for returned, at, inside in model.return_sites(function):
             parts: list[tuple[Optional[int], Expr]] = [(None, returned)]
             if isinstance(returned, (cst.Tuple, cst.List)):
@@ -253,3 +258,196 @@ def unscales(model: ModuleModel, function: Function, depth: int = 0) -> bool:
         if depth < 2 and any(unscales(model, helper, depth + 1) for helper in model.resolve_local_function(call)):
             return True
     return False
+
+
+# ------------------------------------------------------------------ effects: what a call does for its caller
+
+# The facts a caller may need from a project function, whatever module it lives in.
+BACKWARD = "runs backward"
+PINS_GPU = "pins this process's GPU"
+BROADCASTS_PARAMETERS = "broadcasts the model's parameters"
+BROADCASTS_OPTIMIZER = "broadcasts the optimizer's state"
+SCALES_LR = "scales the learning rate by the number of workers"
+WRITES_LR = "writes an optimizer's learning rate"
+READS_WORKER_COUNT = "reads the number of Horovod workers"
+# How many calls deep effects are followed (local helpers, other modules' functions, project classes).
+EFFECT_DEPTH = 4
+
+HVD = "horovod.torch"
+HVD_BROADCAST_PARAMETERS = f"{HVD}.broadcast_parameters"
+HVD_BROADCAST_OPTIMIZER_STATE = f"{HVD}.broadcast_optimizer_state"
+# Other ways a script hands rank 0's weights to everyone: a broadcast of the state dict or the
+# parameters themselves, or Horovod Elastic's state object, which broadcasts on every (re)start.
+HVD_OTHER_BROADCASTS = frozenset(
+    f"{HVD}.{name}" for name in ("broadcast", "broadcast_", "broadcast_async", "broadcast_async_", "broadcast_object")
+)
+HVD_ELASTIC_PREFIX = f"{HVD}.elastic."
+MODEL_WORDS = ("state_dict", "parameters", "named_parameters", "model", "net", "params")
+
+
+def own_effects(model: ModuleModel, function: Optional[Function]) -> frozenset[str]:
+    """What the statements of `function` (the module's top level for None) do themselves, not
+    counting the functions they call."""
+    calls = [c for c in model.calls if c.function is function] if function is None else function.calls
+    out: set[str] = set()
+    for call in calls:
+        name = call.name or ""
+        if call.attr == "backward":
+            out.add(BACKWARD)
+        if name in HOROVOD_SIZE_CALLS:
+            out.add(READS_WORKER_COUNT)
+        if name == HVD_BROADCAST_PARAMETERS or name.startswith(HVD_ELASTIC_PREFIX):
+            out.add(BROADCASTS_PARAMETERS)
+        elif name in HVD_OTHER_BROADCASTS:
+            argument = call.arg(0, "tensor") or call.arg(0, "obj")
+            if argument is not None and mentions_identifier(argument, MODEL_WORDS):
+                out.add(BROADCASTS_PARAMETERS)
+        if name == HVD_BROADCAST_OPTIMIZER_STATE or name.startswith(HVD_ELASTIC_PREFIX):
+            out.add(BROADCASTS_OPTIMIZER)
+        if name.startswith("torch.optim.lr_scheduler.") and any(
+            mentions_calls(model, a.value, HOROVOD_SIZE_CALLS, call.order, call.function) for a in call.args
+        ):
+            out.add(SCALES_LR)
+    if function is not None and (
+        device_pin_calls(model, within=function) or visible_devices_writes(model, within=function)
+    ):
+        out.add(PINS_GPU)
+    for store in model.subscript_stores:
+        if store.ctx.function is not function:
+            continue
+        if isinstance(store.key, cst.SimpleString) and store.key.evaluated_value == "lr":
+            out.add(WRITES_LR)
+            if mentions_calls(model, store.value, HOROVOD_SIZE_CALLS, store.order, store.ctx.function):
+                out.add(SCALES_LR)
+    return frozenset(out)
+
+
+def effects(model: ModuleModel, function: Function, depth: int = 0) -> frozenset[str]:
+    """What calling `function` does for its caller: its own statements' effects and those of the
+    functions it calls, in its module (`self._pin()`, `helper()`), in other project modules
+    (`dist_utils.setup()`) and in project classes (`Trainer(...).fit()`, inherited methods
+    included), up to EFFECT_DEPTH calls deep. Memoised per function; a cycle counts what was seen."""
+
+    def compute() -> frozenset[str]:
+        out = set(own_effects(model, function))
+        if depth < EFFECT_DEPTH:
+            for call in function.calls:
+                out |= call_effects(model, call, depth + 1)
+        return frozenset(out)
+
+    return model.memoized(("effects", id(function), depth), compute, frozenset())
+
+
+def call_effects(model: ModuleModel, call: Call, depth: int = 0) -> frozenset[str]:
+    """What a call does for the code around it: the effects of every project function it may
+    invoke (empty for a call into torch or an installed package)."""
+    out: set[str] = set()
+    for other, function in callees(model, call):
+        out |= effects(other, function, depth)
+    return frozenset(out)
+
+
+def callees(model: ModuleModel, call: Call) -> list[tuple[ModuleModel, Function]]:
+    """The project functions a call may invoke, each with its module's model: this module's
+    functions (`helper()`, `self.helper()`), another project module's top-level function, a method
+    of a project class the receiver was built from (looked up through the class's bases, across
+    modules), and a project class's `__init__` for a constructor call."""
+    out: list[tuple[ModuleModel, Function]] = [(model, f) for f in model.resolve_local_function(call)]
+    if out:
+        return out
+    if call.attr is not None and call.receiver is not None:
+        function = call.function
+        if dotted_name(call.receiver) == "self" and function is not None and function.klass is not None:
+            # `self.setup_distributed()` defined by a base class, in this module or another.
+            inherited = method_of(model, function.klass, call.attr)
+            return [inherited] if inherited is not None else []
+        if model.project is None:
+            return out
+        method = model.linked_method(call)
+        if method is not None:
+            return [(method[0], method[1])]
+        for origin in model.origin_calls(call.receiver, call.order, call.function):
+            written = dotted_name(origin.node.func)
+            found = model.project_class(written) if written is not None else None
+            inherited = method_of(found[0], found[1], call.attr) if found is not None else None
+            if inherited is not None:
+                return [inherited]
+    if model.project is None or not model.may_link(call):
+        return out
+    linked = model.linked_function(call)
+    if linked is not None:
+        return [linked]
+    written = dotted_name(call.node.func)
+    found = model.project_class(written) if written is not None else None
+    if found is not None and found[0] is not model:
+        init = constructor(found[0], found[1])
+        if init is not None:
+            return [(found[0], init)]
+    return out
+
+
+def method_of(model: ModuleModel, klass: str, name: str, depth: int = 0) -> Optional[tuple[ModuleModel, Function]]:
+    """The method `name` of the class `klass` (a top-level class of `model`'s module): defined in
+    its own body, else inherited from its bases as Python's lookup finds it (first base first),
+    through project classes in this module or another, a few classes deep."""
+    own = next((f for f in model.class_methods(klass) if f.name == name), None)
+    if own is not None:
+        return model, own
+    node = model.classes.get(klass)
+    if node is None or depth >= EFFECT_DEPTH:
+        return None
+    for base in node.bases:
+        written = dotted_name(base.value)
+        found = model.project_class(written) if written is not None else None
+        if found is None or found == (model, klass):
+            continue
+        inherited = method_of(found[0], found[1], name, depth + 1)
+        if inherited is not None:
+            return inherited
+    return None
+
+
+def module_effects(model: ModuleModel, every_function: bool = False) -> frozenset[str]:
+    """What this module does where its code runs: its own statements' effects and those of every
+    project function called there, in any module. Only in functions that run here (a `def
+    pin_gpu()` nothing calls pins nothing), unless `every_function` (a rule that stays silent on
+    any sign of the effect: the module may be imported and its functions called elsewhere)."""
+
+    def compute() -> frozenset[str]:
+        out: set[str] = set(own_effects(model, None))
+        for function in model.functions:
+            if every_function or runs_in_module(model, function):
+                out |= own_effects(model, function)
+        for call in model.calls:
+            if every_function or runs_in_module(model, call.function):
+                out |= call_effects(model, call, 1)
+        return frozenset(out)
+
+    return model.memoized(("module_effects", every_function), compute, frozenset())
+
+
+def runs_backward(model: ModuleModel, call: Call) -> bool:
+    """The call is a `.backward()`, or a project function (any module) that runs one: a loop
+    calling `train_step(model, optimizer, batch)` from `engine.py` trains."""
+    return call.attr == "backward" or BACKWARD in call_effects(model, call, 1)
+
+
+def handed_to_unfollowed(model: ModuleModel, names: frozenset[str]) -> Optional[Call]:
+    """A call that runs here and is handed one of the variables `names` (`make_scheduler(optimizer,
+    cfg)`) while the analysis cannot see what it does with it: the callee is neither torch's,
+    Horovod's, a method of the value itself, nor a project function the summaries follow. What such a
+    call does to the value (its learning rate, say) is unknown, so a fix that assumes nobody else
+    writes it is not certain."""
+    for call in model.calls:
+        if not runs_in_module(model, call.function) or (call.receiver is not None and dotted_name(call.receiver) in names):
+            continue
+        if not any(dotted_name(arg.value) in names for arg in call.args):
+            continue
+        if (call.name or "").split(".")[0] in ("torch", "horovod") or (call.name is None and call.dotted in _BUILTINS):
+            continue  # `print(optimizer)`, `isinstance(optimizer, ...)` write no rate
+        if not callees(model, call):
+            return call
+    return None
+
+
+_BUILTINS = frozenset(dir(builtins))

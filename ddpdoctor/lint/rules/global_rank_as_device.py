@@ -7,7 +7,7 @@ from typing import Optional
 import libcst as cst
 
 from ddpdoctor.findings import Fix
-from ddpdoctor.lint.analysis import devices, launch, ranks
+from ddpdoctor.lint.analysis import devices, launch, launchfiles, ranks
 from ddpdoctor.lint.rules.base import Rule
 
 class GlobalRankAsDevice(Rule):
@@ -61,6 +61,12 @@ class GlobalRankAsDevice(Rule):
             kinds = {ranks.rank_source(model, i.node, i.order, i.function) for i in computed}
             if kinds != {"global"}:
                 continue
+            # Last, as it reads the project's launch files: a job every launch of which stays on
+            # one node has global ranks that are local ranks.
+            nodes, launched = launch.launch_file_nodes(model)
+            if nodes == launchfiles.SINGLE_NODE:
+                continue
+            spans = f" ({launched.where()} launches it on {launched.nodes} nodes)" if launched is not None else ""
             reported.update(id(i.node) for i in computed)
             source = self.origin(computed[0])
             shown = model.code_of(source)
@@ -72,7 +78,7 @@ class GlobalRankAsDevice(Rule):
             self.report(
                 argument.expr,
                 f"{argument.where} uses the global rank `{shown}`{origin} as a CUDA device index: it only "
-                f"matches the GPU on the first node; on the next node ranks start past its GPU count "
+                f"matches the GPU on the first node; on the next node{spans} ranks start past its GPU count "
                 f"(invalid device ordinal). Use the local rank: int(os.environ[\"LOCAL_RANK\"]), "
                 f"hvd.local_rank() or rank % torch.cuda.device_count().",
                 fix=self.fix(argument),

@@ -4,21 +4,13 @@ from __future__ import annotations
 
 from typing import Optional
 
-from ddpdoctor.lint.analysis import Assignment, Call, ModuleModel, dotted_name, syntax
+from ddpdoctor.lint.analysis import Assignment, Call, ModuleModel, dotted_name, summaries
 from ddpdoctor.lint.rules.base import Rule
 
-HVD = "horovod.torch"
+HVD = summaries.HVD
 INIT = f"{HVD}.init"
 DISTRIBUTED_OPTIMIZER = f"{HVD}.DistributedOptimizer"
-BROADCAST_PARAMETERS = f"{HVD}.broadcast_parameters"
-BROADCAST_OPTIMIZER_STATE = f"{HVD}.broadcast_optimizer_state"
-# Other ways a script hands rank 0's weights to everyone: a broadcast of the state dict or the
-# parameters themselves, or Horovod Elastic's state object, which broadcasts on every (re)start.
-OTHER_BROADCASTS = frozenset(
-    f"{HVD}.{name}" for name in ("broadcast", "broadcast_", "broadcast_async", "broadcast_async_", "broadcast_object")
-)
-ELASTIC_PREFIX = f"{HVD}.elastic."
-MODEL_WORDS = ("state_dict", "parameters", "named_parameters", "model", "net", "params")
+BROADCAST_OPTIMIZER_STATE = summaries.HVD_BROADCAST_OPTIMIZER_STATE
 
 
 def first_scope_assignments(model: ModuleModel, target: str, call: Call) -> Optional[list[Assignment]]:
@@ -84,15 +76,10 @@ class HorovodBroadcastOrder(Rule):
         wrappers = self.model.calls_named(DISTRIBUTED_OPTIMIZER)
         if not wrappers:
             return
-        if self.model.calls_named(BROADCAST_PARAMETERS):
+        # Here or in a project function called here (`sync_start(model, optimizer)` in dist.py):
+        # `hvd.broadcast_parameters`, a broadcast of the weights, or Horovod Elastic's state object.
+        if summaries.BROADCASTS_PARAMETERS in summaries.module_effects(self.model, every_function=True):
             return
-        for call in self.model.calls:
-            if call.name and call.name.startswith(ELASTIC_PREFIX):
-                return
-        for call in self.model.calls_named(*OTHER_BROADCASTS):
-            argument = call.arg(0, "tensor") or call.arg(0, "obj")
-            if argument is not None and syntax.mentions_identifier(argument, MODEL_WORDS):
-                return
         wrapper = wrappers[0]
         self.report(
             wrapper.node,

@@ -7,7 +7,7 @@ from typing import Optional
 import libcst as cst
 
 from ddpdoctor.findings import Fix
-from ddpdoctor.lint.analysis import devices, harness, launch
+from ddpdoctor.lint.analysis import devices, harness, launch, summaries
 from ddpdoctor.lint.analysis import Call
 from ddpdoctor.lint.rules.base import Rule
 
@@ -42,6 +42,8 @@ class HorovodMissingSetDevice(Rule):
             return  # a CPU-only Horovod job has nothing to pin
         if devices.device_pin_calls(model) or devices.visible_devices_writes(model):
             return
+        if summaries.PINS_GPU in summaries.module_effects(model):
+            return  # a project function called here pins it (`setup_worker()` in dist.py, a base class's method)
         self.report(
             inits[0].node,
             f"Horovod job uses CUDA (line {self.line(use)}) but never pins its GPU: every process on a "

@@ -15,7 +15,9 @@ LOAD = "torch.load"
 # all spell it `load_state_dict`, so the method name is the evidence, not the receiver's type.
 RESTORE_METHODS = ("load_state_dict",)
 # Reading a part of a loaded checkpoint: `ckpt["model"]`, `ckpt.get("model")`, `ckpt["a"]["b"]`.
-PART_METHODS = frozenset({"get", "pop", "items", "copy"})
+# `ckpt["model"].float().state_dict()`: a checkpoint that pickled the module itself (YOLO-style) is
+# restored through the module's own state_dict, after a dtype cast.
+PART_METHODS = frozenset({"get", "pop", "items", "copy", "state_dict", "float", "half"})
 NUMBERS_ONLY_PREFIXES = ("torch.optim.lr_scheduler.", "torch.amp.GradScaler", "torch.cuda.amp.GradScaler", "torch.amp.grad_scaler.")
 
 

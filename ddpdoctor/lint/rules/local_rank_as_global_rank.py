@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ddpdoctor.lint.analysis import launch, rank_arguments
+from ddpdoctor.lint.analysis import launch, launchfiles, rank_arguments
 from ddpdoctor.lint.rules.base import Rule
 
 
@@ -37,10 +37,13 @@ class LocalRankAsGlobalRank(Rule):
             where = "init_process_group" if call.name == launch.INIT_PROCESS_GROUP else "DistributedSampler"
             what = "the local rank" if argument.kind == "local" else "the mp.spawn process index (a local rank)"
             evidence = launch.multinode_evidence(model)
-            span = (
-                f"this script runs on several nodes (line {self.line(evidence)})" if evidence is not None
-                else "nothing keeps this job on one node"
-            )
+            nodes, launched = launch.launch_file_nodes(model)
+            if evidence is not None:
+                span = f"this script runs on several nodes (line {self.line(evidence)})"
+            elif nodes == launchfiles.MULTI_NODE and launched is not None:
+                span = f"its launch at {launched.where()} spans several nodes"
+            else:
+                span = "nothing keeps this job on one node"
             consequence = (
                 "the processes of the second node claim the ranks the first node's already hold, and the "
                 "rendezvous waits for ranks that never join (or fails on duplicates)"

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Optional
 
 from ddpdoctor.findings import Fix
-from ddpdoctor.lint.analysis import Call, devices, harness, launch, ranks
+from ddpdoctor.lint.analysis import Call, devices, harness, launch, ranks, summaries
 from ddpdoctor.lint.rules.base import Rule
 
 
@@ -48,9 +48,11 @@ class MissingSetDevice(Rule):
         where = self.uses_text(uses)
         if not inits and not model.calls_named(launch.DDP_CLASS):
             return  # a group created by a project helper matters in a script that then wraps in DDP
-        helpers, pinned_by_helper = self.project_helpers()
-        if (not inits and not helpers) or pinned_by_helper:
+        helpers = self.project_helpers()
+        if not inits and not helpers:
             return
+        if summaries.PINS_GPU in summaries.module_effects(model):
+            return  # a project function called here pins it (a helper module's, a base class's method)
         # Last, because it reads every project module this one imports: a pin run on import.
         if devices.pinned_on_import(model):
             return
@@ -96,12 +98,10 @@ class MissingSetDevice(Rule):
             return None
         return Fix(f"call `{statement}` right after init_process_group", applicable=True, edits=(edit,))
 
-    def project_helpers(self) -> tuple[list[tuple[Call, str]], bool]:
+    def project_helpers(self) -> list[tuple[Call, str]]:
         """Calls here of another project module's functions that create an NCCL group without
-        pinning the GPU (each with where the group is created), and whether some called project
-        function pins it."""
+        pinning the GPU (each with where the group is created)."""
         helpers: list[tuple[Call, str]] = []
-        pinned = False
         for call in self.model.calls:
             # Cheap tests first: linking reads and parses the other module.
             if not self.model.may_link(call) or not launch.runs_in_module(self.model, call.function):
@@ -111,11 +111,10 @@ class MissingSetDevice(Rule):
                 continue
             other, function = linked
             if devices.device_pin_calls(other, function) or devices.visible_devices_writes(other, function):
-                pinned = True
                 continue
             for init in function.calls:
                 if init.name == launch.INIT_PROCESS_GROUP and launch.may_create_nccl_group(other, init):
                     helpers.append((call, f"{other.shown_path} line {other.line_of(init.node)}"))
                     break
-        return helpers, pinned
+        return helpers
 

@@ -372,7 +372,7 @@ class MissingSetEpoch(Rule):
     def _trains(self, inner: Loop) -> bool:
         """The loop over the loader trains: a `.backward()` runs in it, directly or in a helper. An
         evaluation loop's order does not matter, so its sampler needs no set_epoch."""
-        if any(c.attr == "backward" for c in self.model.calls_within(inner, depth=MAX_CALLERS)):
+        if any(summaries.runs_backward(self.model, c) for c in self.model.calls_within(inner, depth=MAX_CALLERS)):
             return True
         function = inner.function
         if function is None or not function.generator:

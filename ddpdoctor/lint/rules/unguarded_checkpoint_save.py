@@ -13,6 +13,7 @@ from ddpdoctor.lint.analysis import (
     Runs,
     WhoRuns,
     launch,
+    launchfiles,
     ranks,
     sharding,
     summaries,
@@ -146,12 +147,20 @@ class UnguardedCheckpointSave(Rule):
         if who.runs is not Runs.RANK0 or not ranks.guard_rank_kinds(self.model, who.guard) <= {"local"}:
             return
         evidence = launch.multinode_evidence(self.model)
-        if evidence is None or ranks.names_the_node(self.model, path, save.order, save.function):
+        if ranks.names_the_node(self.model, path, save.order, save.function):
             return
+        if evidence is not None:
+            shown = f"line {self.line(evidence)}"
+        else:
+            # The script itself does not say; a launch file of the project that runs it may.
+            verdict, launched = launch.launch_file_nodes(self.model)
+            if verdict != launchfiles.MULTI_NODE or launched is None:
+                return
+            shown = f"{launched.where()} launches it on {launched.nodes} nodes"
         self.report(
             save.node,
             f"torch.save under a local-rank check ({check}) in a script that runs on several nodes "
-            f"(line {self.line(evidence)}): it runs once per node, so every node writes the same path, and on "
+            f"({shown}): it runs once per node, so every node writes the same path, and on "
             f"shared storage the writes collide and can leave the checkpoint truncated or corrupt. Test the "
             f"global rank (`if dist.get_rank() == 0:`), or put the node in the path if each node has its own disk.",
         )
