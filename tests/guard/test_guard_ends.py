@@ -93,3 +93,10 @@ def test_a_missing_set_epoch_is_one_finding_in_the_scripts_epochs() -> None:
     assert repeated["line"] == planted("tutorial_no_set_epoch.py", "GRD004")
     assert "still at set_epoch(0) when a new epoch runs over it" in repeated["message"]
     assert run.report["summary"]["epochs"] == 3
+
+
+def test_fail_on_error_lets_a_job_with_only_a_warning_exit_0() -> None:
+    run = run_guard("--fail-on", "error", command=forklaunch(2, "tutorial_no_set_epoch.py"))
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert run.codes() == ["GRD004"] and run.report["exit_code"] == 0
+    assert run.stderr.rstrip().endswith("1 finding (GRD004); exit 0")
