@@ -538,7 +538,10 @@ class Doctor:
         who then waited for it in vain."""
         if self.stop_requested or self.interrupted or any(f.code in ("GRD001", "GRD002") for f in self.findings):
             return
-        self._left_early(set(self.ranks))
+        # Only a rank that said its last word (its final message, sent at exit) is known to have run
+        # no more: a process that ends without running atexit (a multiprocessing child) may have run
+        # collectives its reporter never sent.
+        self._left_early({r for r, state in self.ranks.items() if state.finished})
 
     def _left_early(self, suspects: set[int]) -> bool:
         """GRD005 for the suspects that ran fewer world collectives than the others (they left, or

@@ -457,10 +457,20 @@ def test_marks_of_different_epochs_are_not_compared() -> None:
     assert h.codes() == [] and all(not state.marks for state in h.doctor.ranks.values())
 
 
+def test_a_rank_whose_last_counts_may_be_stale_is_not_judged_at_the_end() -> None:
+    # Its process ended without a final message (no atexit in a multiprocessing child).
+    h = Harness(2)
+    h.state(0, counts=counts(5), final=True)
+    h.state(1, counts=counts(3))
+    h.doctor.disconnected(1)
+    h.doctor.tick(final=True)
+    assert h.codes() == []
+
+
 def test_an_interrupted_job_is_not_judged_for_uneven_ends() -> None:
     h = Harness(2)
     h.state(0, counts=counts(5))
-    h.state(1, counts=counts(3))
+    h.state(1, counts=counts(3), final=True)
     h.doctor.interrupted = True
     h.doctor.tick(final=True)
     assert h.codes() == []
