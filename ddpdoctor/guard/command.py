@@ -36,19 +36,24 @@ MAX_WINDOW = 100_000
               help="Write the JSON report to this file.")
 @click.option("--format", "output_format", type=click.Choice(["text", "json"]), default="text", show_default=True,
               help="json: print the report on stdout (the command's own stdout goes to stderr).")
+@click.option("--fail-on", type=click.Choice(["error", "warning", "info", "never"]), default="warning",
+              show_default=True,
+              help="The least severe finding that turns a successful job's exit status into 1 (never: only the "
+                   "job's own failure or a stop by the guard does).")
 @click.option("--analyze", "analyze_dumps", metavar="DIR",
               help="Run nothing: judge the Flight Recorder dumps torch wrote in DIR (or DIR/PREFIX, as given to "
                    "TORCH_FR_DUMP_TEMP_FILE).")
 @click.argument("command", nargs=-1, type=click.UNPROCESSED)
 def guard(stall_timeout: float, every: int, straggler_window: int, on_stall: str, store: Optional[str],
-          report_file: Optional[str], output_format: str, analyze_dumps: Optional[str],
+          report_file: Optional[str], output_format: str, fail_on: str, analyze_dumps: Optional[str],
           command: Sequence[str]) -> None:
     """Run a training job with the guard in every rank: ddpdoctor guard -- torchrun ... train.py
 
     Names the rank whose collectives do not match the others' (GRD001), that stalls the job
     (GRD002), whose replica diverged (GRD003), that repeats an epoch's order (GRD004), that draws
     more batches (GRD005), that is a straggler (GRD006) or uses the wrong GPU (GRD007). Exit status:
-    the command's own when it failed, else 1 with findings, 0 without, 2 for a usage error.
+    the command's own when it failed, else 1 when the guard stopped the job or found something at
+    least as severe as --fail-on (default: an error or a warning), else 0; 2 for a usage error.
     """
     if report_file:
         check_writable(report_file, "--report")  # before the job runs, not after
@@ -64,10 +69,11 @@ def guard(stall_timeout: float, every: int, straggler_window: int, on_stall: str
                            on_stall=on_stall)
     printer = Printer()
     try:
-        outcome = run(command, options, printer, store=store, stdout_to_stderr=output_format == "json")
+        outcome = run(command, options, printer, store=store, stdout_to_stderr=output_format == "json",
+                      fail_on=fail_on)
     except UsageError as error:
         raise usage_error(str(error)) from None
-    payload = report_dict(outcome.command, outcome.exit_code, outcome.world_size, outcome.findings)
+    payload = report_dict(outcome.command, outcome.exit_code, outcome.world_size, outcome.findings, outcome.summary)
     if outcome.role == "follower":
         payload["diagnosed_by"] = outcome.store
     if report_file:
@@ -80,5 +86,5 @@ def guard(stall_timeout: float, every: int, straggler_window: int, on_stall: str
     if output_format == "json":
         click.echo(json.dumps(payload, indent=2))
     else:
-        printer.summary(outcome.findings, outcome.world_size, outcome.exit_code)
+        printer.summary(outcome.findings, outcome.summary, outcome.exit_code)
     raise click.exceptions.Exit(outcome.exit_code)

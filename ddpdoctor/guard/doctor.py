@@ -34,6 +34,14 @@ STRAGGLER_SAMPLES = 4
 # How much longer than the stall timeout ranks may wait in init_process_group for one that has not
 # even said hello: on a loaded machine, starting Python and importing torch takes a while.
 STARTUP_GRACE_S = 20.0
+# What each rank counts from its start (schema.COUNTS of them). The collectives of the whole world (every
+# rank runs them) are what must agree; those of subgroups may rightly differ from rank to rank.
+COUNT_NAMES = ("batches", "DDP forwards", "backwards", "optimizer steps", "collectives in all", "epochs",
+               "Join entries", "collectives")
+BATCHES, FORWARDS, BACKWARDS, STEPS, COLLECTIVES, EPOCHS, JOINS, WORLD = range(len(COUNT_NAMES))
+# Replica checks waiting for the other ranks' hashes (a rank that never gets there leaves them).
+MAX_PENDING_HASHES = 64
+MAX_EPOCHS_LISTED = 1000
 
 
 def _name_and_severity(code: str) -> tuple[str, Severity]:
@@ -45,6 +53,23 @@ def _name_and_severity(code: str) -> tuple[str, Severity]:
 def ranks_text(ranks: "list[int] | set[int]") -> str:
     ordered = sorted(ranks)
     return ("rank " if len(ordered) == 1 else "ranks ") + ", ".join(map(str, ordered))
+
+
+_EVEN_ADVICE = ("Give every rank the same batches and the same forward and backward for each (DistributedSampler "
+                "with drop_last=True), or wrap the loop in torch.distributed.algorithms.Join([model])")
+
+
+def _fewer(counts: dict[int, list[int]]) -> list[int]:
+    """The ranks whose collectives fall short of the most any rank ran; none when all agree."""
+    ran = {r: c[WORLD] for r, c in counts.items()}
+    most = max(ran.values(), default=0)
+    return sorted(r for r, n in ran.items() if n < most)
+
+
+def _counted(counts: dict[int, list[int]]) -> str:
+    return "; ".join(f"rank {r}: " + ", ".join(f"{c[i]} {COUNT_NAMES[i]}" for i in (BATCHES, FORWARDS, BACKWARDS,
+                                                                                     STEPS, WORLD))
+                     for r, c in sorted(counts.items()))
 
 
 def describe(fingerprint: Fingerprint) -> str:
@@ -68,6 +93,11 @@ class RankState:
     # Grows with every collective, batch and optimizer step the rank reports: a busy rank is not stuck.
     progress: int = 0
     stacks: list[list[tuple[str, int, str]]] = field(default_factory=list)
+    # As COUNT_NAMES says.
+    counts: list[int] = field(default_factory=lambda: [0] * len(COUNT_NAMES))
+    # The script's epochs as they started (set_epoch): ordinal -> [epoch, counts, joined, loader path,
+    # loader line, set_epoch path, set_epoch line].
+    marks: dict[int, list[Any]] = field(default_factory=dict)
 
 
 @dataclass
@@ -100,7 +130,13 @@ class Doctor:
         self.sequence: dict[str, dict[int, dict[int, Fingerprint]]] = {}
         self.first_seen: dict[tuple[str, int], float] = {}
         self.desynced: set[str] = set()
-        self.hashes: dict[int, dict[int, dict[str, Any]]] = {}
+        self.hashes: dict[tuple[int, str], dict[int, dict[str, Any]]] = {}
+        self.replica_checks = 0
+        # The script's epoch that the ranks last began together (set_epoch), for GRD005's message.
+        self.epoch_begun: Optional[int] = None
+        self.marks_disagree = False
+        # Set by the runner when the user's Ctrl-C or SIGTERM ended the job: ranks stopped mid-step.
+        self.interrupted = False
         self.steps: dict[int, dict[int, float]] = {}
         self.windows: dict[int, deque[float]] = {}
         self.slowest: deque[int] = deque(maxlen=options.straggler_window)
@@ -144,7 +180,14 @@ class Doctor:
             for step, seconds in message.get("steps", ()):
                 self.steps.setdefault(step, {})[rank] = seconds
             for entry in message.get("hashes", ()):
-                self.hashes.setdefault(entry["step"], {})[rank] = entry
+                self.hashes.setdefault((entry["step"], entry["kind"]), {})[rank] = entry
+            for key in sorted(self.hashes)[:-MAX_PENDING_HASHES]:
+                del self.hashes[key]
+            if "counts" in message:
+                state.counts = message["counts"]
+            for ordinal, *mark in message.get("marks", ()):
+                if len(state.marks) < MAX_PENDING_HASHES * 16:
+                    state.marks[ordinal] = mark
             state.loaders.update(message.get("loaders", {}))
             for item in message.get("local", ()):
                 self._local(rank, item, now)
@@ -178,6 +221,9 @@ class Doctor:
     def _tick(self, final: bool) -> None:
         with self.lock:
             self._uneven_batches()
+            self._uneven_epochs()
+            if final:
+                self._uneven_end()
             self._mismatches(final)
             self._divergence()
             self._stragglers()
@@ -318,6 +364,11 @@ class Doctor:
             self.reported.discard("GRD002")
             self.stall_quiet_until = self.clock() + self.options.stall_timeout / 2
             return None
+        # A rank that has gone, or whose script has returned (no frame left in the file of its last
+        # collective), having run fewer collectives than those waiting for it, left the training loop
+        # early (a `break`, a skipped batch): that is the cause, the stall its effect. A rank blocked
+        # inside its script is a stall of its own (GRD002 only).
+        self._left_early({r for r in missing if r in self.ranks and self._outside_script(r, stacks.get(r, []))})
         waited = self.clock() - since
         by_call: dict[Fingerprint, list[int]] = {}
         for r in sorted(waiting):
@@ -353,6 +404,15 @@ class Doctor:
             self.stop_requested = "GRD002"
         return self._emit("GRD002", blamed, message, path, line)
 
+    def _outside_script(self, r: int, stacks: list[list[tuple[str, int, str]]]) -> bool:
+        state = self.ranks[r]
+        if not state.connected:
+            return True
+        if not stacks or not state.recent:
+            return False
+        script = list(state.recent.values())[-1][2]
+        return all(path != script for frames in stacks for path, _, _ in frames)
+
     def _pending_stacks(self, final: bool) -> None:
         now = self.clock()
         for pending in list(self.pending):
@@ -368,11 +428,12 @@ class Doctor:
                 pending.build(stacks)
 
     def _divergence(self) -> None:
-        for step in sorted(self.hashes):
-            reports = self.hashes[step]
+        for step, kind in sorted(self.hashes):
+            reports = self.hashes[(step, kind)]
             if len(reports) < self.world_size:
                 continue
-            del self.hashes[step]
+            del self.hashes[(step, kind)]
+            self.replica_checks += 1
             first_rank = min(reports)
             names = reports[first_rank]["names"]
             for index, name in enumerate(names):
@@ -391,11 +452,14 @@ class Doctor:
                                                                      if i < len(e["values"])}) > 1)
                 versus = f"from {ranks_text(others)}" if others else "from each other"
                 entry = reports[odd[0]]
+                what, where = (("parameters and buffers", "checked before the forward here") if kind == "forward"
+                               else ("parameters", "checked after the last step of an epoch or of the run; its "
+                                     "last forward was here"))
                 self._emit("GRD003", odd,
                            f"after optimizer step {step}, {name!r} on {ranks_text(odd)} differs {versus} "
-                           f"({differing} of {len(names)} parameters and buffers differ; {name!r} is the first): "
+                           f"({differing} of {len(names)} {what} differ; {name!r} is the first): "
                            "the replicas no longer train the same model; something updated a parameter or buffer "
-                           "on some ranks only, after DDP's all-reduce (checked before the forward here)",
+                           f"on some ranks only, after DDP's all-reduce ({where})",
                            entry.get("path", "<unknown>"), int(entry.get("line", 0)), step=step)
 
     def _uneven_batches(self) -> None:
@@ -428,6 +492,89 @@ class Doctor:
                        "drops the uneven tail) or wrap the loop in torch.distributed.algorithms.Join([model]), "
                        "which lets the finished ranks shadow the others' collectives",
                        path, line, epoch=epoch)
+
+    def _uneven_epochs(self) -> None:
+        """At the start of each of the script's epochs, every rank must have run as many collectives
+        (DDP's gradient all-reduces included) as the others: a rank that skipped a batch (`continue`)
+        or stopped one early (`break`) is behind from then on, and the job ends in a hang or in
+        "Connection closed by peer"."""
+        if any(f.code == "GRD005" for f in self.findings) or self.marks_disagree:
+            for state in self.ranks.values():
+                state.marks.clear()  # nothing will compare them
+            return
+        if len(self.ranks) < self.world_size or self.world_size < 2:
+            return
+        ordinals = set.intersection(*(set(state.marks) for state in self.ranks.values()))
+        for ordinal in sorted(ordinals):
+            marks = {r: state.marks.pop(ordinal) for r, state in self.ranks.items()}
+            if len({mark[0] for mark in marks.values()}) > 1:
+                # The ranks' n-th set_epoch gave different epochs (a sampler only some ranks use):
+                # their marks are not the same points of the script, and nothing more is compared.
+                for state in self.ranks.values():
+                    state.marks.clear()
+                self.marks_disagree = True
+                return
+            if any(mark[2] for mark in marks.values()):
+                continue  # under Join, uneven inputs are handled
+            counts = {r: mark[1] for r, mark in marks.items()}
+            odd = _fewer(counts)
+            begun, self.epoch_begun = self.epoch_begun, marks[min(marks)][0]
+            if odd:
+                mark = marks[odd[0]]
+                path, line = (mark[3], mark[4]) if mark[4] else (mark[5], mark[6])
+                during = f"in epoch {begun}" if begun is not None else "before the first epoch"
+                self._emit("GRD005", odd,
+                           f"{during}, {ranks_text(odd)} ran fewer collectives than the others (counted when "
+                           f"set_epoch({mark[0]}) at {mark[5]}:{mark[6]} began the next): {_counted(counts)}. "
+                           f"{ranks_text(odd).capitalize()} skipped a batch's forward and backward (a `continue`) or "
+                           f"stopped drawing batches early (a `break`) in the loop here: from "
+                           f"then on its gradient all-reduces pair with the wrong ones, and the job ends in a hang "
+                           f"or in \"Connection closed by peer\" when the first rank leaves. {_EVEN_ADVICE}",
+                           path, line, epoch=begun)
+                return
+
+    def _uneven_end(self) -> None:
+        """At the end: a rank that left (finished, or died) having run fewer collectives than the others,
+        who then waited for it in vain."""
+        if self.stop_requested or self.interrupted or any(f.code in ("GRD001", "GRD002") for f in self.findings):
+            return
+        # Only a rank that said its last word (its final message, sent at exit) is known to have run
+        # no more: a process that ends without running atexit (a multiprocessing child) may have run
+        # collectives its reporter never sent.
+        self._left_early({r for r, state in self.ranks.items() if state.finished})
+
+    def _left_early(self, suspects: set[int]) -> bool:
+        """GRD005 for the suspects that ran fewer world collectives than the others (they left, or
+        sit idle after their last one, while the others wait); True when it was reported."""
+        if (self.world_size < 2 or len(self.ranks) < self.world_size
+                or any(f.code == "GRD005" for f in self.findings)):
+            return False
+        if any(state.counts[JOINS] for state in self.ranks.values()):
+            return False  # under Join, the ranks that run out of inputs shadow the others' collectives
+        counts = {r: state.counts for r, state in self.ranks.items()}
+        odd = [r for r in _fewer(counts) if r in suspects]
+        if not odd:
+            return False
+        state = self.ranks[odd[0]]
+        last = list(state.recent.values())[-1] if state.recent else None
+        gone = ("finished" if state.finished else "exited") if not state.connected else "left the training loop"
+        after = f"; its last collective was {describe(last)}" if last else ""
+        path, line = (last[2], last[3]) if last else ("<unknown>", 0)
+        self._emit("GRD005", odd,
+                   f"{ranks_text(odd)} {gone} after fewer collectives than the others, who waited for "
+                   f"{'it' if len(odd) == 1 else 'them'} in vain: {_counted(counts)}{after}. A rank that skips a "
+                   f"batch (`continue`) or stops one early (`break`) ends like this, in a hang or in \"Connection "
+                   f"closed by peer\" (a rank that raised ends like this too: then its traceback is the cause). "
+                   f"{_EVEN_ADVICE}", path, line)
+        return True
+
+    def summary(self) -> dict[str, int]:
+        """What the guard watched: the counts of the busiest rank (in a clean run, every rank's)."""
+        def most(index: int) -> int:
+            return max((state.counts[index] for state in self.ranks.values()), default=0)
+
+        return {"ranks": self.world_size, "epochs": most(EPOCHS), "steps": most(STEPS),
+                "collectives": most(COLLECTIVES), "replica_checks": self.replica_checks}
 
     def _stragglers(self) -> None:
         window = self.options.straggler_window
@@ -473,15 +620,22 @@ class Doctor:
     def _local(self, rank: int, item: dict[str, Any], now: float) -> None:
         key = (str(item["code"]), str(item["path"]), int(item["line"]), str(item["message"]))
         existing = self.local.get(key)
+        epoch = item.get("epoch")
         if existing is not None:
             if rank not in existing.details["ranks"]:
                 existing.details["ranks"].append(rank)
                 existing.details["ranks"].sort()
+            # The same cause in a later epoch: one finding, with every epoch it covers (a bounded list).
+            epochs = existing.details["epochs"]
+            if epoch is not None and epoch not in epochs and len(epochs) < MAX_EPOCHS_LISTED:
+                epochs.append(epoch)
+                epochs.sort()
             return
         name, severity = _name_and_severity(key[0])
         self.local[key] = Finding(code=key[0], name=name, severity=severity, message=str(item["message"]),
                                   path=key[1], line=key[2], source="guard",
-                                  details={"ranks": [rank], "step": item.get("step"), "epoch": item.get("epoch")})
+                                  details={"ranks": [rank], "step": item.get("step"), "epoch": epoch,
+                                           "epochs": [] if epoch is None else [epoch]})
         self.local_seen[key] = now
 
     def _locals(self, final: bool) -> None:

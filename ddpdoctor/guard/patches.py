@@ -45,6 +45,9 @@ def patch_collectives(dist: Any) -> None:
     init = getattr(dist, "init_process_group", None)
     if callable(init):
         setattr(dist, "init_process_group", _wrap_init(init))
+    destroy = getattr(dist, "destroy_process_group", None)
+    if callable(destroy):
+        setattr(dist, "destroy_process_group", _wrap_destroy(destroy))
 
 
 def _tensor_type() -> type:
@@ -77,6 +80,21 @@ def _wrap_init(init: Callable[..., Any]) -> Callable[..., Any]:
         return result
 
     return init_process_group
+
+
+def _wrap_destroy(destroy: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(destroy)
+    def destroy_process_group(*args: Any, **kwargs: Any) -> Any:
+        guard = rank.current
+        if guard is not None and not args and not kwargs.get("group"):
+            try:
+                guard.check_replicas()  # the last optimizer step's result, while the job is still whole
+                guard.flush()
+            except Exception as error:  # noqa: BLE001 - never break the user's job
+                _debug(error)
+        return destroy(*args, **kwargs)
+
+    return destroy_process_group
 
 
 def _joining(options: GuardOptions, kwargs: dict[str, Any]) -> "rank.RankGuard | None":
@@ -131,7 +149,8 @@ def _wrap_collective(name: str, function: Callable[..., Any], tensor_type: type)
         key = guard.group_key(group)
         seq = guard.record(key, name, signature, path, line)
         started = time.monotonic()
-        guard.inflight = (key, seq, started)
+        if seq >= 0:
+            guard.inflight = (key, seq, started)
         try:
             return function(*args, **kwargs)
         finally:
@@ -191,10 +210,12 @@ def _patch_ddp() -> None:
         if guard is not None and torch.is_grad_enabled() and self.require_backward_grad_sync:
             # DDP's gradient all-reduce runs in the backward that follows; it takes its place in the
             # sequence of collectives here, at the line of the forward call.
-            path, line = frames.user_frame(sys._getframe(1))
+            path, line = guard.last_forward = frames.user_frame(sys._getframe(1))
+            guard.forwards += 1
             summary = self.__dict__.get("_ddpdoctor_summary") or "gradients"
             key = guard.group_key(getattr(self, "process_group", None))
-            guard.pending_backward = (key, guard.record(key, "DDP gradient all-reduce", summary, path, line))
+            seq = guard.record(key, "DDP gradient all-reduce", summary, path, line)
+            guard.pending_backward = (key, seq) if seq >= 0 else None
         return original_forward(self, *args, **kwargs)
 
     DDP.__init__ = __init__  # type: ignore[method-assign]
@@ -212,6 +233,10 @@ def _on_ddp(guard: rank.RankGuard, ddp: Any, site: tuple[str, int]) -> None:
     if problem:
         guard.report_local("GRD007", problem, site[0], site[1])
     ddp.module.register_forward_pre_hook(functools.partial(_hash_before_forward, ddp))
+    # What DDP keeps in sync by all-reducing gradients: parameters that train and that it does not ignore.
+    ignored = set(getattr(ddp, "parameters_to_ignore", ()) or ())
+    synced = [(name, p) for name, p in ddp.module.named_parameters() if p.requires_grad and name not in ignored]
+    guard.watch_replica(ddp, [name for name, _ in synced], [p for _, p in synced])
 
 
 def _hash_before_forward(ddp: Any, module: Any, inputs: Any) -> None:
@@ -309,6 +334,17 @@ def _patch_dataloader() -> None:
                 state.sampler_epochs, state.sampler_epoch = completed, sampler.epoch
         return iterator
 
+    original_set_epoch = DistributedSampler.set_epoch
+
+    @functools.wraps(original_set_epoch)
+    def set_epoch(self: Any, epoch: int) -> None:
+        original_set_epoch(self, epoch)
+        guard = rank.current
+        if guard is not None and isinstance(epoch, int):
+            guard.on_set_epoch(epoch, *frames.user_frame(sys._getframe(1)))
+
+    DistributedSampler.set_epoch = set_epoch  # type: ignore[method-assign]
+
     @functools.wraps(original_next)
     def __next__(self: Any) -> Any:
         state = self.__dict__.get("_ddpdoctor_state")
@@ -337,12 +373,15 @@ def _patch_join() -> None:
     def __enter__(self: Any) -> Any:
         if rank.current is not None:
             rank.current.join_depth += 1
+            rank.current.joins += 1
         return original_enter(self)
 
     def __exit__(self: Any, *exc: Any) -> Any:
-        if rank.current is not None:
-            rank.current.join_depth = max(0, rank.current.join_depth - 1)
-        return original_exit(self, *exc)
+        try:
+            return original_exit(self, *exc)  # a rank that ran out of inputs shadows the others here
+        finally:
+            if rank.current is not None:
+                rank.current.join_depth = max(0, rank.current.join_depth - 1)
 
     Join.__enter__ = __enter__  # type: ignore[method-assign]
     Join.__exit__ = __exit__  # type: ignore[method-assign]

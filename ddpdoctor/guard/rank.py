@@ -16,6 +16,7 @@ import socket
 import sys
 import threading
 import time
+import weakref
 from collections import deque
 from typing import Any, Optional
 
@@ -76,8 +77,24 @@ class RankGuard:
         self.loaders: dict[str, LoaderEpoch] = {}
         self.dirty_loaders: set[str] = set()
         self.join_depth = 0
+        self.joins = 0
+        self.world_events = 0
         self.batches = 0
+        self.forwards = 0  # DDP forwards that sync gradients in the backward that follows
+        # Epochs as the script runs them: the values given to DistributedSampler.set_epoch, and each
+        # start of one recorded with the counts so far (GRD005 compares them across ranks).
+        self.sampler_epoch: Optional[int] = None
+        self.epochs_seen = 0
+        self.passes_done: dict[str, int] = {}
+        self.marks: deque[list[Any]] = deque()
+        self.joined_since_mark = False
+        self.epoch_loader: tuple[str, int, int] = ("<unknown>", 0, 0)  # path, line, batches of the longest pass
+        # The DDP models' parameters, kept only as long as their DDP lives (weakref.finalize), for the
+        # replica checks at an epoch's end and at the end of the run.
+        self.replicas: list[weakref.finalize] = []
+        self.end_hashed_at: Optional[int] = None
         self.group_keys: dict[int, tuple[str, Any]] = {}
+        self.last_forward: tuple[str, int] = ("<unknown>", 0)
         self.main_ident = threading.main_thread().ident
         self.sock: Optional[socket.socket] = None
         self.reader: Optional[LineReader] = None
@@ -153,6 +170,7 @@ class RankGuard:
     def close(self) -> None:
         if self.closed:
             return
+        self.check_replicas()  # at exit: the last optimizer step's result, if no check saw it yet
         self.flush(final=True)
         self.closed = True
         try:
@@ -201,6 +219,7 @@ class RankGuard:
                 loaders[key] = [state.path, state.line, state.epoch, state.count, state.done, state.syncing,
                                 state.joined]
         inflight = self.inflight
+        marks = _drain(self.marks)
         message: dict[str, Any] = {"t": "state", "progress": self.event_total + self.step + self.batches}
         if events:
             message["ev"] = events
@@ -212,11 +231,22 @@ class RankGuard:
             message["local"] = local
         if loaders:
             message["loaders"] = loaders
+        if marks:
+            message["marks"] = marks
         message["inflight"] = None if inflight is None else [inflight[0], inflight[1], time.monotonic() - inflight[2]]
         if final:
             message["final"] = True
         if len(message) > 3 or final or time.monotonic() - self.last_sent > 1.0 or inflight is not None:
+            message["counts"] = self.counts()
             self._send(message)
+
+    def counts(self) -> list[int]:
+        """Since the start (doctor.COUNT_NAMES): batches drawn, DDP forwards, backwards, optimizer steps,
+        collectives, epochs (set_epoch values, else the most complete passes over one loader), Join
+        entries, collectives of the whole world."""
+        epochs = self.epochs_seen or max(self.passes_done.values(), default=0)
+        return [self.batches, self.forwards, self.backward_total, self.step, self.event_total, epochs, self.joins,
+                self.world_events]
 
     # ------------------------------------------------------------------ what the patches call
 
@@ -237,11 +267,18 @@ class RankGuard:
         return key
 
     def record(self, group: str, op: str, signature: str, path: str, line: int) -> int:
+        """The call's position in its group's sequence; -1 inside Join, whose ranks rightly run
+        different collectives (the finished ones shadow the others' with Join's own), so that nothing
+        there is compared and the sequences meet again where Join ends."""
+        self.event_total += 1
+        if self.join_depth:
+            return -1
         seq = self.seq.get(group, 0)
         self.seq[group] = seq + 1
         if not self.closed:  # once the guard is gone, nothing may pile up
             self.events.append((group, seq, op, signature, path, line))
-        self.event_total += 1
+        if group == "W":
+            self.world_events += 1
         return seq
 
     def after_wait(self, started: float) -> None:
@@ -256,6 +293,59 @@ class RankGuard:
         self.last_step_at, self.waited = now, 0.0
         if self.step % self.options.every == 0:
             self.hash_due = self.step
+
+    def on_set_epoch(self, epoch: int, path: str, line: int) -> None:
+        """A DistributedSampler's set_epoch: the start of one of the script's epochs (a repeated value,
+        as from a train and a validation sampler, is the same epoch)."""
+        if epoch == self.sampler_epoch:
+            return
+        self.sampler_epoch = epoch
+        self.epochs_seen += 1
+        if not self.closed:
+            loader_path, loader_line, _ = self.epoch_loader
+            self.marks.append([self.epochs_seen - 1, epoch, self.counts(), self.joined_since_mark or self.join_depth > 0,
+                               loader_path, loader_line, path, line])
+        self.joined_since_mark = False
+        self.epoch_loader = ("<unknown>", 0, 0)
+
+    def check_replicas(self) -> None:
+        """Hash every live DDP model's parameters after this optimizer step, once per step: at an epoch's
+        end, when the process group is destroyed and at exit, so that a run shorter than --every is
+        compared too. Parameters only: buffers such as BatchNorm's running statistics follow each
+        rank's last forward until DDP broadcasts them again."""
+        if self.closed or self.step == 0 or self.end_hashed_at == self.step:
+            return
+        names: list[str] = []
+        tensors: list[Any] = []
+        for index, finalizer in enumerate(self.replicas):
+            held = finalizer.peek()
+            if held is None:
+                continue
+            _, _, (model_names, model_tensors), _ = held
+            names.extend(f"model{index}.{n}" if len(self.replicas) > 1 else n for n in model_names)
+            tensors.extend(model_tensors)
+        self._hash_end(names, tensors)
+
+    def _hash_end(self, names: list[str], tensors: list[Any]) -> None:
+        # Under Join a rank that ran out of inputs stops stepping: equal step numbers no longer mean
+        # the same point of the training, so these checks are off once it is used.
+        if self.closed or self.step == 0 or self.end_hashed_at == self.step or not tensors or self.joins:
+            return
+        self.end_hashed_at = self.step
+        try:
+            from ddpdoctor.guard.hashing import digests
+
+            path, line = self.last_forward
+            self.hashes.append({"step": self.step, "kind": "end", "names": names, "values": digests(tensors),
+                                "path": path, "line": line})
+        except Exception:  # noqa: BLE001 - never break the user's job
+            pass
+
+    def watch_replica(self, ddp: Any, names: list[str], tensors: list[Any]) -> None:
+        # When the DDP goes away (its training function returned), its last state is checked then.
+        finalizer = weakref.finalize(ddp, self._hash_end, names, tensors)
+        finalizer.atexit = False  # at exit, close() checks what is still alive
+        self.replicas = [f for f in self.replicas if f.alive][-7:] + [finalizer]
 
     def report_local(self, code: str, message: str, path: str, line: int, epoch: Optional[int] = None) -> None:
         if self.closed:
@@ -283,21 +373,29 @@ class RankGuard:
         state.count += 1
         self.batches += 1
         self._note_sync(state)
+        if state.count > self.epoch_loader[2]:
+            self.epoch_loader = (state.path, state.line, state.count)
         if self.join_depth:
-            state.joined = True
+            state.joined = self.joined_since_mark = True
         self.dirty_loaders.add(state.key)
         if state.repeat_suspect is not None and not state.reported_repeat and self.backward_total > state.backwards_at_start:
             state.reported_repeat = True
+            # The script's epoch: full passes over this loader before this one (a peek at one batch,
+            # `next(iter(loader))`, is not an epoch). Each epoch that repeats says so in the same
+            # words, and the guard makes one finding of them, with the epochs it covers.
             self.report_local(
                 "GRD004",
-                f"the shuffling DistributedSampler of the loader iterated here runs epoch {state.epoch} with "
-                f"set_epoch({state.repeat_suspect}) again: every epoch repeats the same order on every rank "
-                f"(lint's DDP001, confirmed at run time); call sampler.set_epoch(epoch) before iterating",
-                state.path, state.line, epoch=state.epoch)
+                f"the shuffling DistributedSampler of the loader iterated here is still at "
+                f"set_epoch({state.repeat_suspect}) when a new epoch runs over it: every epoch repeats the same "
+                f"order on every rank (lint's DDP001, confirmed at run time); call sampler.set_epoch(epoch) "
+                f"before iterating", state.path, state.line, epoch=self.passes_done.get(state.key, 0))
 
     def on_loader_end(self, state: LoaderEpoch) -> None:
         self._note_sync(state)
         state.done = True
+        self.passes_done[state.key] = self.passes_done.get(state.key, 0) + 1
+        if state.count > 1:
+            self.check_replicas()  # the end of an epoch (a peek at one batch is not one)
         if state.sampler_epochs is not None:
             state.sampler_epochs.add(state.sampler_epoch)
         self.dirty_loaders.add(state.key)

@@ -13,6 +13,7 @@ _STYLE = {Severity.ERROR: "bold red", Severity.WARNING: "yellow", Severity.INFO:
 
 
 def finding_dict(finding: Finding) -> dict[str, Any]:
+    listed = {"epochs": list(finding.details["epochs"])} if finding.details.get("epochs") else {}
     return {
         "code": finding.code,
         "name": finding.name,
@@ -23,12 +24,32 @@ def finding_dict(finding: Finding) -> dict[str, Any]:
         "line": finding.line,
         "step": finding.details.get("step"),
         "epoch": finding.details.get("epoch"),
+        **listed,
     }
 
 
-def report_dict(command: Sequence[str], exit_code: int, world_size: int, findings: Sequence[Finding]) -> dict[str, Any]:
-    return {"command": list(command), "exit_code": exit_code, "world_size": world_size,
-            "findings": [finding_dict(f) for f in findings]}
+def report_dict(command: Sequence[str], exit_code: int, world_size: int, findings: Sequence[Finding],
+                summary: Optional[dict[str, int]] = None) -> dict[str, Any]:
+    report: dict[str, Any] = {"command": list(command), "exit_code": exit_code, "world_size": world_size}
+    if summary:
+        report["summary"] = summary
+    report["findings"] = [finding_dict(f) for f in findings]
+    return report
+
+
+def _plural(count: int, noun: str) -> str:
+    return f"{count} {noun}{'' if count == 1 else 's'}"
+
+
+def summary_line(summary: dict[str, int], findings: Sequence[Finding], exit_code: int) -> str:
+    """One line for the end of the run: what the guard watched, and what it found."""
+    watched = ", ".join(_plural(summary.get(key, 0), noun) for key, noun in (
+        ("ranks", "rank"), ("epochs", "epoch"), ("steps", "step"), ("collectives", "collective"),
+        ("replica_checks", "replica check")))
+    if not findings:
+        return f"ddpdoctor guard: {watched}, no finding"
+    codes = ", ".join(sorted({f.code for f in findings}))
+    return f"ddpdoctor guard: {watched}, {_plural(len(findings), 'finding')} ({codes}); exit {exit_code}"
 
 
 def plain_line(finding: Finding) -> str:
@@ -64,11 +85,8 @@ class Printer:
             f"[/{_STYLE[finding.severity]}] [dim]{finding.name}[/dim] [magenta]\\[{who}][/magenta] "
             f"{escape(escape_controls(finding.message))}")
 
-    def summary(self, findings: Sequence[Finding], world_size: int, exit_code: int) -> None:
-        if not findings:
-            return
-        codes = ", ".join(sorted({f.code for f in findings}))
-        noun = "finding" if len(findings) == 1 else "findings"
-        sys.stderr.write(f"ddpdoctor guard: {len(findings)} {noun} ({codes}) in a {world_size}-rank job; "
-                         f"exit {exit_code}{os.linesep}")
+    def summary(self, findings: Sequence[Finding], summary: dict[str, int], exit_code: int) -> None:
+        if not summary:
+            return  # another node's guard diagnosed this job, and says so there
+        sys.stderr.write(summary_line(summary, findings, exit_code) + os.linesep)
         sys.stderr.flush()

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field, replace
 from types import FrameType
 from typing import IO, Any, Callable, Optional, Sequence
 
-from ddpdoctor.findings import Finding
+from ddpdoctor.findings import Finding, Severity
 from ddpdoctor.guard import reaper
 from ddpdoctor.guard.doctor import Doctor
 from ddpdoctor.guard.launch_args import DEFAULT_HOST, AddressError, job_identity, multinode_store, parse_address
@@ -55,6 +55,8 @@ class GuardRun:
     # "host": this guard diagnosed the job; "follower": another node's guard did.
     role: str = "host"
     store: str = ""
+    # What the guard watched (Doctor.summary); empty where another node's guard diagnosed.
+    summary: dict[str, int] = field(default_factory=dict)
 
 
 def resolve(command: Sequence[str]) -> list[str]:
@@ -138,8 +140,14 @@ def _ask_host(host: str, port: int, secret: str, job: str, shared: bool) -> dict
         return reader.next()
 
 
+# --fail-on: the severities that turn a successful job's exit status into 1.
+FAIL_ON = {"error": {Severity.ERROR}, "warning": {Severity.ERROR, Severity.WARNING},
+           "info": {Severity.ERROR, Severity.WARNING, Severity.INFO}, "never": set()}
+
+
 def run(command: Sequence[str], options: GuardOptions, on_finding: Callable[[Finding], None],
-        store: Optional[str] = None, stdout_to_stderr: bool = False, notices: Optional[Notices] = None) -> GuardRun:
+        store: Optional[str] = None, stdout_to_stderr: bool = False, notices: Optional[Notices] = None,
+        fail_on: str = "warning") -> GuardRun:
     command = resolve(command)
     notices = notices or Notices()
     channel, host, port, secret = _open_channel(options, command, store, notices)
@@ -177,17 +185,25 @@ def run(command: Sequence[str], options: GuardOptions, on_finding: Callable[[Fin
         _release_supervisor(supervisor)
     if doctor is not None and channel is not None:
         _drain(channel)
+        doctor.interrupted = bool(received)
         doctor.tick(final=True)
         channel.close()
         outcome.findings = list(doctor.findings)
         outcome.world_size = doctor.world_size
-    if outcome.stopped and not received:
-        outcome.exit_code = 1
-    elif code != 0:
-        outcome.exit_code = 128 - code if code < 0 else code
-    else:
-        outcome.exit_code = 1 if outcome.findings else 0
+        if doctor.world_size:  # else no rank joined: nothing was watched, and nothing is said
+            outcome.summary = doctor.summary()
+    outcome.exit_code = exit_status(code, outcome.stopped and not received, outcome.findings, fail_on)
     return outcome
+
+
+def exit_status(code: int, stopped: bool, findings: Sequence[Finding], fail_on: str) -> int:
+    """1 when the guard stopped the job; else the command's own failure (128+N for signal N); else 1
+    when a finding is at least as severe as --fail-on; else 0."""
+    if stopped:
+        return 1
+    if code != 0:
+        return 128 - code if code < 0 else code
+    return 1 if any(f.severity in FAIL_ON[fail_on] for f in findings) else 0
 
 
 def _supervise(process: "subprocess.Popen[bytes]", doctor: Optional[Doctor], channel: Optional[SideChannel],

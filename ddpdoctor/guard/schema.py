@@ -26,6 +26,12 @@ MAX_ITEMS = 1024  # steps, hashes, local findings, loaders per message
 MAX_TENSORS = 1_000_000  # parameter and buffer names in one hash report
 MAX_FRAMES = 64
 GUARD_CODES = frozenset(f"GRD00{n}" for n in range(1, 8))
+# A rank's counts (doctor.COUNT_NAMES): batches drawn, DDP forwards, backwards, optimizer steps,
+# collectives, epochs, Join entries, collectives of the whole world.
+COUNTS = 8
+# Replica hashes: before the forward after every --every steps (parameters and buffers), or after
+# the last step of an epoch or of the run (parameters only).
+HASH_KINDS = ("forward", "end")
 _GROUP = re.compile(r"[0-9]+(,[0-9]+)*")
 
 
@@ -122,8 +128,21 @@ def _hashes(value: Any) -> dict[str, Any]:
         raise BadMessage("a hash report is not an object")
     names = [_text(n, "a tensor name") for n in _list(value.get("names"), "names", MAX_TENSORS)]
     values = [_int(v, "a digest", -MAX_HASH, MAX_HASH) for v in _list(value.get("values"), "values", MAX_TENSORS)]
-    return {"step": _int(value.get("step"), "step"), "names": names, "values": values,
+    kind = value.get("kind", "forward")
+    if kind not in HASH_KINDS:
+        raise BadMessage("a hash report's kind is not 'forward' or 'end'")
+    return {"step": _int(value.get("step"), "step"), "kind": kind, "names": names, "values": values,
             "path": _text(value.get("path", "<unknown>"), "path"), "line": _int(value.get("line", 0), "line")}
+
+
+def _counts(value: Any) -> list[int]:
+    return [_int(n, "a count") for n in _list(value, "counts", COUNTS, COUNTS)]
+
+
+def _mark(value: Any) -> list[Any]:
+    ordinal, epoch, counts, joined, loader_path, loader_line, path, line = _list(value, "an epoch mark", 8, 8)
+    return [_int(ordinal, "ordinal"), _int(epoch, "epoch"), _counts(counts), _bool(joined, "joined"),
+            _text(loader_path, "path"), _int(loader_line, "line"), _text(path, "path"), _int(line, "line")]
 
 
 def _loader(value: Any) -> list[Any]:
@@ -174,6 +193,10 @@ def message(value: dict[str, Any], world_size: int) -> dict[str, Any]:
         if type(loaders) is not dict or len(loaders) > MAX_ITEMS:
             raise BadMessage(f"loaders is not an object of at most {MAX_ITEMS} entries")
         checked["loaders"] = {_text(k, "a loader key"): _loader(v) for k, v in loaders.items()}
+    if "counts" in value:
+        checked["counts"] = _counts(value["counts"])
+    if "marks" in value:
+        checked["marks"] = [_mark(m) for m in _list(value["marks"], "marks", MAX_ITEMS)]
     if "local" in value:
         checked["local"] = [_local(item) for item in _list(value["local"], "local", MAX_ITEMS)]
     if "final" in value:

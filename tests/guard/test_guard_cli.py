@@ -131,3 +131,10 @@ def test_a_second_guard_on_a_store_another_job_holds_refuses_to_start() -> None:
     finally:
         first.terminate()
         first.communicate(timeout=30)
+
+
+def test_an_unknown_fail_on_is_a_one_line_usage_error() -> None:
+    result = guard("--fail-on", "warnings", "--", PY, "-c", "pass")
+    assert result.returncode == 2
+    assert len(result.stderr.strip().splitlines()) == 1 and "--fail-on" in result.stderr
+    assert "Traceback" not in result.stderr

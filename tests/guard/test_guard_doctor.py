@@ -266,8 +266,15 @@ def test_rank_local_findings_are_merged_across_ranks() -> None:
     h.clock.now += 1.0
     h.doctor.tick()
     (finding,) = h.printed
-    assert finding.details == {"ranks": [0, 2], "step": 8, "epoch": 1}
+    assert finding.details == {"ranks": [0, 2], "step": 8, "epoch": 1, "epochs": [1]}
     assert (finding.code, finding.name, finding.severity) == ("GRD004", "epoch-order-repeated", Severity.WARNING)
+    # The same cause in later epochs: the same finding, covering them (not one more per epoch).
+    h.state(0, local=[{**item, "epoch": 3}])
+    h.state(1, local=[{**item, "epoch": 2}])
+    h.clock.now += 2.0
+    h.doctor.tick()
+    assert h.printed == [finding] and finding.details["epochs"] == [1, 2, 3]
+    assert finding.details["ranks"] == [0, 1, 2] and finding.details["epoch"] == 1
 
 
 def test_a_rank_that_never_reaches_the_rendezvous_is_named_with_its_stack() -> None:
@@ -308,3 +315,162 @@ def test_everyone_in_the_rendezvous_is_not_a_stall() -> None:
         h.state(rank, ev=[["init", 0, "init_process_group", "", "train.py", 12]], inflight=["init", 0, 60.0])
     h.doctor.tick()
     assert h.printed == [] and h.sent == []
+
+
+def counts(collectives: int, joins: int = 0, batches: int = 8) -> list[int]:
+    """A rank's counts (doctor.COUNT_NAMES): batches, DDP forwards, backwards, steps, all collectives,
+    epochs, Join entries, world collectives; forwards, backwards and steps follow the collectives."""
+    return [batches, collectives, collectives, collectives, collectives + 1, 1, joins, collectives]
+
+
+def mark(ordinal: int, epoch: int, collectives: int, joined: bool = False) -> dict[str, Any]:
+    return {"marks": [[ordinal, epoch, counts(collectives), joined, "train.py", 30, "train.py", 28]]}
+
+
+def test_a_rank_behind_when_an_epoch_begins_is_named_with_the_epoch_it_fell_behind_in() -> None:
+    h = Harness(3)
+    for r in range(3):
+        h.state(r, **mark(0, 0, 1))
+    h.doctor.tick()
+    assert h.codes() == []
+    h.state(0, **mark(1, 1, 9))
+    h.state(1, **mark(1, 1, 8))
+    h.doctor.tick()
+    assert h.codes() == []  # rank 2 has not begun epoch 1 yet
+    h.state(2, **mark(1, 1, 9))
+    h.doctor.tick()
+    (finding,) = h.printed
+    assert finding.code == "GRD005" and finding.details == {"ranks": [1], "step": None, "epoch": 0}
+    assert (finding.path, finding.line) == ("train.py", 30)  # the loop that drew the epoch's batches
+    assert "in epoch 0, rank 1 ran fewer collectives than the others (counted when set_epoch(1)" in finding.message
+    assert "rank 1: 8 batches, 8 DDP forwards, 8 backwards, 8 optimizer steps, 8 collectives" in finding.message
+    h.state(0, **mark(2, 2, 17))
+    h.state(1, **mark(2, 2, 16))
+    h.state(2, **mark(2, 2, 17))
+    h.doctor.tick()
+    assert h.codes() == ["GRD005"]  # one finding for one cause
+
+
+@pytest.mark.parametrize("joined, behind", [(True, 8), (False, 9)])
+def test_epochs_under_join_or_in_step_are_silent(joined: bool, behind: int) -> None:
+    h = Harness(2)
+    for ordinal in (0, 1):
+        h.state(0, **mark(ordinal, ordinal, 9 * ordinal, joined))
+        h.state(1, **mark(ordinal, ordinal, behind * ordinal, joined))
+    h.doctor.tick(final=True)
+    assert h.codes() == []
+
+
+def test_a_rank_that_left_after_fewer_collectives_is_named_at_the_end_with_its_last_line() -> None:
+    h = Harness(2)
+    h.call(0, 0, "all_reduce", "float32[1]", 12)
+    h.call(1, 0, "all_reduce", "float32[1]", 12)
+    h.call(0, 1, "DDP gradient all-reduce", "2 params", 20)
+    h.state(0, counts=counts(2))
+    h.state(1, counts=counts(1), final=True)
+    h.doctor.disconnected(1)
+    h.doctor.tick()
+    assert h.codes() == []  # judged at the end (a rank may still be on its way)
+    h.doctor.tick(final=True)
+    assert h.codes() == ["GRD005"]
+    finding = h.printed[0]
+    assert finding.details["ranks"] == [1] and (finding.path, finding.line) == ("train.py", 12)
+    assert finding.message.startswith("rank 1 finished after fewer collectives than the others")
+    assert "its last collective was all_reduce(float32[1]) at train.py:12" in finding.message
+
+
+@pytest.mark.parametrize("joins, same", [(1, False), (0, True)])
+def test_ends_under_join_or_even_are_silent(joins: int, same: bool) -> None:
+    h = Harness(2)
+    h.state(0, counts=counts(5, joins))
+    h.state(1, counts=counts(5 if same else 4, joins), final=True)
+    h.doctor.tick(final=True)
+    assert h.codes() == []
+
+
+def test_a_rank_idle_after_fewer_collectives_is_named_before_the_stall() -> None:
+    h = Harness(2, stall_timeout=5.0)
+    h.call(0, 0, "DDP gradient all-reduce", "2 params", 20)
+    h.call(1, 0, "DDP gradient all-reduce", "2 params", 20)
+    h.call(0, 1, "DDP gradient all-reduce", "2 params", 20)
+    h.state(0, counts=counts(2), inflight=["W", 1, 0.0])
+    h.state(1, counts=counts(1))
+    h.clock.now += 6
+    h.state(0, counts=counts(2), inflight=["W", 1, 6.0])
+    h.doctor.tick()
+    for _ in range(2):  # the stacks it asked for: the same frame twice, nothing moves
+        h.ingest(1, {"t": "stack", "frames": [["<string>", 1, "<module>"]]})
+        h.clock.now += 1.1
+        h.doctor.tick()
+    assert h.codes() == ["GRD005", "GRD002"]
+    assert h.printed[0].message.startswith("rank 1 left the training loop after fewer collectives")
+
+
+def test_a_rank_blocked_inside_its_script_with_fewer_collectives_is_a_stall_only() -> None:
+    h = Harness(2, stall_timeout=5.0)
+    h.call(0, 0, "DDP gradient all-reduce", "2 params", 20)
+    h.call(1, 0, "DDP gradient all-reduce", "2 params", 20)
+    h.call(0, 1, "DDP gradient all-reduce", "2 params", 20)
+    h.state(0, counts=counts(2), inflight=["W", 1, 0.0])
+    h.state(1, counts=counts(1))
+    h.clock.now += 6
+    h.state(0, counts=counts(2), inflight=["W", 1, 6.0])
+    h.doctor.tick()
+    for _ in range(2):
+        h.ingest(1, {"t": "stack", "frames": [["train.py", 24, "<module>"]]})
+        h.clock.now += 1.1
+        h.doctor.tick()
+    assert h.codes() == ["GRD002"]
+
+
+def test_end_checks_are_compared_apart_from_the_forward_checks_of_the_same_step() -> None:
+    h = Harness(3)
+    for r in range(3):
+        h.state(r, **hashes(8, [1, 2, 3]))
+        h.state(r, hashes=[{"step": 8, "kind": "end", "names": ["w", "b"], "values": [5, 6 if r != 1 else 7]}])
+    h.doctor.tick()
+    (finding,) = h.printed
+    assert finding.details["ranks"] == [1] and "after optimizer step 8, 'b' on rank 1 differs" in finding.message
+    assert "(1 of 2 parameters differ" in finding.message and "checked after the last step" in finding.message
+    assert h.doctor.replica_checks == 2
+
+
+def test_the_summary_counts_what_the_busiest_rank_did() -> None:
+    h = Harness(2)
+    h.state(0, counts=[40, 30, 30, 30, 35, 3, 0, 35])
+    h.state(1, counts=[40, 30, 30, 29, 35, 3, 0, 35])
+    for r in range(2):
+        h.state(r, **hashes(10, [1, 2, 3]))
+    h.doctor.tick()
+    assert h.doctor.summary() == {"ranks": 2, "epochs": 3, "steps": 30, "collectives": 35, "replica_checks": 1}
+
+
+def test_marks_of_different_epochs_are_not_compared() -> None:
+    # Rank 0 also sets the epoch of a sampler only it uses: its second mark is not rank 1's second.
+    h = Harness(2)
+    h.state(0, **mark(0, 0, 0))
+    h.state(1, **mark(0, 0, 0))
+    h.state(0, **mark(1, 7, 4))
+    h.state(1, **mark(1, 1, 9))
+    h.state(0, **mark(2, 1, 9))
+    h.doctor.tick()
+    assert h.codes() == [] and all(not state.marks for state in h.doctor.ranks.values())
+
+
+def test_a_rank_whose_last_counts_may_be_stale_is_not_judged_at_the_end() -> None:
+    # Its process ended without a final message (no atexit in a multiprocessing child).
+    h = Harness(2)
+    h.state(0, counts=counts(5), final=True)
+    h.state(1, counts=counts(3))
+    h.doctor.disconnected(1)
+    h.doctor.tick(final=True)
+    assert h.codes() == []
+
+
+def test_an_interrupted_job_is_not_judged_for_uneven_ends() -> None:
+    h = Harness(2)
+    h.state(0, counts=counts(5))
+    h.state(1, counts=counts(3), final=True)
+    h.doctor.interrupted = True
+    h.doctor.tick(final=True)
+    assert h.codes() == []

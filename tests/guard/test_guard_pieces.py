@@ -8,10 +8,13 @@ import sys
 import pytest
 import torch
 
+from ddpdoctor.findings import Finding, Severity
 from ddpdoctor.guard import devices
 from ddpdoctor.guard.hashing import digests
 from ddpdoctor.guard.launch_args import AddressError, launcher_options, multinode_store, parse_address
 from ddpdoctor.guard.options import GuardOptions
+from ddpdoctor.guard.report import summary_line
+from ddpdoctor.guard.run import exit_status
 
 
 @pytest.mark.parametrize("command, store", [
@@ -142,3 +145,32 @@ def test_a_process_group_started_another_way_is_guarded_from_its_first_collectiv
     assert result.returncode == 0, result.stderr[-2000:]
     # The rank connected at its first collective; the barrier after it was recorded too.
     assert result.stdout.split()[-3:] == ["1", "{'W':", "2}"]
+
+
+def _finding(severity: "Severity") -> "Finding":
+    return Finding(code="GRD006", name="straggler", severity=severity, message="m", path="t.py", line=1,
+                   source="guard", details={"ranks": [1]})
+
+
+@pytest.mark.parametrize("fail_on, severities, expected", [
+    ("warning", ["warning"], 1), ("error", ["warning"], 0), ("error", ["error"], 1), ("info", ["info"], 1),
+    ("warning", ["info"], 0), ("never", ["error"], 0), ("warning", [], 0),
+])
+def test_fail_on_picks_the_severities_that_fail_a_successful_job(fail_on: str, severities: list[str],
+                                                                 expected: int) -> None:
+    findings = [_finding(Severity(s)) for s in severities]
+    assert exit_status(0, False, findings, fail_on) == expected
+
+
+def test_the_jobs_own_failure_and_a_stop_win_over_fail_on() -> None:
+    assert exit_status(3, False, [], "never") == 3
+    assert exit_status(-9, False, [_finding(Severity.ERROR)], "never") == 128 + 9
+    assert exit_status(0, True, [], "never") == 1
+
+
+def test_summary_line_says_what_was_watched() -> None:
+    summary = {"ranks": 2, "epochs": 3, "steps": 96, "collectives": 412, "replica_checks": 1}
+    assert summary_line(summary, [], 0) == ("ddpdoctor guard: 2 ranks, 3 epochs, 96 steps, 412 collectives, "
+                                            "1 replica check, no finding")
+    two = [_finding(Severity.WARNING), _finding(Severity.ERROR)]
+    assert summary_line(summary, two, 1).endswith("1 replica check, 2 findings (GRD006); exit 1")

@@ -345,3 +345,26 @@ def test_a_rank_does_not_obey_an_impostor_on_the_guards_port() -> None:
     # It heard a proof, never the secret.
     assert len(heard) == 2 and SECRET not in json.dumps(heard)
     assert {h["proof"] for h in heard} == {prove(SECRET, "rank", "n" * 32)}
+
+
+@pytest.mark.parametrize("fields, said", [
+    ({"counts": [1, 2, 3]}, "counts is not a list of 8 items"),
+    ({"counts": [1, 2, 3, 4, 5, 6, 7, -1]}, "a count is not an integer"),
+    ({"marks": [[0, 0, [0] * 8, False, "t.py", 1, "t.py"]]}, "an epoch mark is not a list of 8 items"),
+    ({"marks": [[0, 0, [0] * 8, "no", "t.py", 1, "t.py", 2]]}, "joined is not true or false"),
+    ({"marks": [[0, 0, [0] * 7, False, "t.py", 1, "t.py", 2]]}, "counts is not a list of 8 items"),
+    ({"hashes": [{"step": 1, "kind": "later", "names": [], "values": []}]}, "a hash report's kind is not"),
+])
+def test_bad_counts_marks_and_hash_kinds(fields: dict[str, Any], said: str) -> None:
+    with pytest.raises(schema.BadMessage) as error:
+        schema.message(state(**fields), world_size=2)
+    assert str(error.value).startswith(said)
+
+
+def test_counts_marks_and_end_hashes_pass_checked() -> None:
+    checked = schema.message(state(counts=list(range(8)), marks=[[1, 1, [3] * 8, False, "t\x1b.py", 4, "t.py", 2]],
+                                   hashes=[{"step": 3, "kind": "end", "names": ["w"], "values": [7]}]), 2)
+    assert checked["counts"] == list(range(8))
+    assert checked["marks"] == [[1, 1, [3] * 8, False, "t\\x1b.py", 4, "t.py", 2]]
+    assert checked["hashes"][0]["kind"] == "end"
+    assert schema.message(state(hashes=[{"step": 3, "names": [], "values": []}]), 2)["hashes"][0]["kind"] == "forward"
