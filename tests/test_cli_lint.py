@@ -478,3 +478,21 @@ def test_stdin_is_placed_in_its_project(tmp_path: Path) -> None:
         "        for images, labels in train_loader:", "        train_loader.sampler.set_epoch(epoch)\n        for images, labels in train_loader:"
     )
     assert run(["lint", "-", "--stdin-filename", "train.py"], tmp_path, stdin=edited.encode()).exit_code == 0
+
+
+def test_the_cache_asks_once_per_run_whether_a_shared_dependency_changed(tmp_path: Path) -> None:
+    from ddpdoctor.lint.cache import ResultCache
+
+    cache = ResultCache(tmp_path, "key")
+    shared = {str(tmp_path / "utils.py"): "digest-u", str(tmp_path / "data.py"): None}
+    for name in ("a.py", "b.py", "c.py"):
+        cache.put(str(tmp_path / name), "d-" + name, [], shared)
+    asked: list[tuple[Path, object]] = []
+
+    def unchanged(path: Path, state: object) -> bool:
+        asked.append((path, state))
+        return path.name != "data.py"
+
+    for name in ("a.py", "b.py", "c.py"):  # data.py changed: every entry that read it is a miss
+        assert cache.get(str(tmp_path / name), "d-" + name, frozenset(), 1, unchanged) is None
+    assert sorted(p.name for p, _ in asked) == ["data.py", "utils.py"]  # each once, not once per entry

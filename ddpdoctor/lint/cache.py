@@ -58,6 +58,7 @@ class ResultCache:
         self.key = key
         self.file = self.directory / f"v{__version__}-{code_stamp()}-{key}.json"
         self.entries: dict[str, list[Any]] = {}
+        self._verdicts: dict[tuple[str, Optional[str]], bool] = {}
         self.dirty = False
         try:
             data = read_regular(str(self.file), MAX_CACHE_BYTES)
@@ -86,7 +87,7 @@ class ResultCache:
             isinstance(p, str) and (state is None or isinstance(state, str)) for p, state in depends.items()
         ):
             return None
-        if depends and (unchanged is None or not all(unchanged(Path(p), state) for p, state in depends.items())):
+        if depends and (unchanged is None or not all(self._unchanged(unchanged, p, state) for p, state in depends.items())):
             return None
         try:
             findings = [Finding.from_dict(d) for d in entry[1]]
@@ -99,6 +100,15 @@ class ResultCache:
             if not all(_plausible(f, codes, count) for f in findings):
                 return None
         return findings
+
+    def _unchanged(self, unchanged: Callable[[Path, Optional[str]], bool], path: str, state: Optional[str]) -> bool:
+        """`unchanged(path, state)`, asked once per run: the files of a project share most of their
+        dependencies (a warm run over torch/distributed asked 1,832 times about a few hundred)."""
+        key = (path, state)
+        verdict = self._verdicts.get(key)
+        if verdict is None:
+            verdict = self._verdicts[key] = unchanged(Path(path), state)
+        return verdict
 
     def put(
         self, path: str, digest: str, findings: list[Finding], depends: Optional[dict[str, Optional[str]]] = None
