@@ -28,6 +28,9 @@ class GradientsDiscardedBeforeStep(Rule):
 
     code = "DDP013"
     trigger_words = ("zero_grad",)
+    # The rule starts from each `x.backward(...)` call of the module (method_calls("backward")): a
+    # file without one (torch's own nn/modules/module.py defines zero_grad) has nothing to report.
+    context_words = (".backward(",)
 
     def check(self) -> None:
         for backward in self.model.method_calls("backward"):
