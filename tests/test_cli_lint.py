@@ -332,10 +332,21 @@ def test_code_stamp_follows_each_module_of_the_package(tmp_path: Path) -> None:
     from ddpdoctor.lint import cache
 
     package = tmp_path / "pkg"
-    (package / "rules").mkdir(parents=True)
-    module = package / "rules" / "rule.py"
+    (package / "lint" / "rules").mkdir(parents=True)
+    (package / "guard").mkdir()
+    module = package / "lint" / "rules" / "rule.py"
     module.write_text("x = 1\n")
     (package / "notes.txt").write_text("not code")
+    (package / "findings.py").write_text("y = 1\n")
+    (package / "guard" / "run.py").write_text("z = 1\n")
+    first = cache.code_stamp(package)
+    os.utime(package / "guard" / "run.py", ns=(1, 1))
+    cache._stamps.clear()
+    assert cache.code_stamp(package) == first  # the guard's code does not change a lint result
+    os.utime(package / "findings.py", ns=(1, 1))
+    cache._stamps.clear()
+    assert cache.code_stamp(package) != first  # a top-level module does
+    cache._stamps.clear()
     first = cache.code_stamp(package)
     assert cache.code_stamp(package) == first  # once per process
     cache._stamps.clear()

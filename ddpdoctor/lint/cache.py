@@ -35,13 +35,14 @@ _stamps: dict[Path, str] = {}
 
 
 def code_stamp(package_dir: Path = _PACKAGE_DIR) -> str:
-    """A short digest of the linter's own code as installed: every module's path, size and
-    modification time (stat only, no reads: about 150 files, well under a millisecond warm). Computed
-    once per process and directory."""
+    """A short digest of the linter's own code as installed: the path, size and modification time
+    (stat only, no reads) of every module a lint result depends on, the package's top-level modules
+    (findings, config, catalog) and everything under lint/; not probe/, env/ or guard/, which a warm
+    run should not pay to stat. Computed once per process and directory."""
     stamp = _stamps.get(package_dir)
     if stamp is None:
         parts: list[str] = []
-        for path in sorted(package_dir.rglob("*.py")):
+        for path in sorted([*package_dir.glob("*.py"), *(package_dir / "lint").rglob("*.py")]):
             try:
                 st = path.stat()
             except OSError:
