@@ -97,10 +97,15 @@ def probe(
     spinner = _Progress() if output_format == "text" and not output_file else _Progress(enabled=False)
     # Signal handlers belong to the main thread; elsewhere (an embedding caller) SIGTERM keeps its own.
     main = threading.current_thread() is threading.main_thread()
+    _terminated.clear()
     saved_sigterm = signal.signal(signal.SIGTERM, _on_sigterm) if main else None
     try:
         with spinner:
             report = run_probe(options, progress=spinner.update, warn=_warn, verbose=verbose)
+        if _terminated.is_set():
+            # The exception the handler raised was swallowed where it landed (a broad `except
+            # Exception` in an import torch runs, say): the run went on, but it was told to stop.
+            raise Interrupted("SIGTERM")
     except (OptionError, CouldNotRun) as exc:
         _fail(str(exc))
         return
@@ -156,10 +161,16 @@ def writable_path(option: str, path: str) -> None:
         raise OptionError(f"{option} {path}: not writable")
 
 
+_terminated = threading.Event()
+
+
 def _on_sigterm(signum: int, frame: Optional[FrameType]) -> None:
-    """SIGTERM outside the launch (which has its own handler): stop as the launch would."""
+    """SIGTERM outside the launch (which has its own handler): stop as the launch would. Also
+    remembered, because the exception lands wherever the main thread is, and code there (torch's
+    own imports) may catch and drop it."""
     from ddpdoctor.probe.runner import Interrupted
 
+    _terminated.set()
     raise Interrupted("SIGTERM")
 
 
