@@ -40,10 +40,13 @@ def plain_table(headers: Sequence[str], rows: Iterable[Sequence[str]]) -> list[s
 
 
 # C0 controls, DEL and C1 controls: what a terminal may act on (escape sequences, a carriage return
-# that hides a line's start). Tabs and newlines too: one record is one line.
-_CONTROL = {c: f"\\x{c:02x}" for c in (*range(0x20), 0x7F)}
-_CONTROL.update({c: f"\\u{c:04x}" for c in range(0x80, 0xA0)})
-_CONTROL.update({0x2028: "\\u2028", 0x2029: "\\u2029"})
+# that hides a line's start), and the Unicode line separators. Tabs and newlines too: one record is
+# one line. Each is written as Python would escape it (`\n`, `\x1b`, `\x85`, `\u2028`): the one
+# table for every command's output (lint's file names and messages, env, probe and guard).
+_CONTROL = {
+    code: {0x09: "\\t", 0x0A: "\\n", 0x0D: "\\r"}.get(code, f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}")
+    for code in [*range(0x00, 0x20), *range(0x7F, 0xA0), 0x2028, 0x2029]
+}
 
 
 def escape_controls(text: str) -> str:

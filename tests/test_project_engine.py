@@ -151,8 +151,8 @@ def test_each_run_gets_a_fresh_project(tmp_path: Path, projects: list[ProjectSou
     assert len(projects) == 2 and projects[0] is not projects[1]
 
 
-def test_the_real_analysis_reads_nothing_beyond_the_imports(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Whatever the analysis layer follows, a run over one file never wanders into the rest."""
+def analysed_with_projects(monkeypatch: pytest.MonkeyPatch) -> list[ProjectSources]:
+    """The real analysis, watched: the list fills with the run's ProjectSources, once per analysed file."""
     seen: list[ProjectSources] = []
     real = engine._analyse
 
@@ -162,6 +162,12 @@ def test_the_real_analysis_reads_nothing_beyond_the_imports(tmp_path: Path, monk
         return real(module, path, world_size, project)
 
     monkeypatch.setattr(engine, "_analyse", spy)
+    return seen
+
+
+def test_the_real_analysis_reads_nothing_beyond_the_imports(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Whatever the analysis layer follows, a run over one file never wanders into the rest."""
+    seen = analysed_with_projects(monkeypatch)
     files = {"proj/__init__.py": "", "proj/train.py": SCRIPT.format(imports="from proj.m1 import save_checkpoint")}
     files.update({f"proj/m{i}.py": HELPER.format(body="torch.save(state, path)") for i in range(1, 300)})
     write(tmp_path, files)
@@ -277,3 +283,70 @@ def test_a_module_gaining_the_api_re_analyses_a_file_the_pre_filter_skipped(tmp_
     again = lint_ddp001()
     assert cached(again) == {"train.py": False}
     assert [f.code for f in again.findings] == ["DDP001"]
+
+
+def test_a_file_an_earlier_import_parsed_is_not_parsed_again(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`__init__.py` re-exports `core` with a star, so its analysis parses core.py; when core.py's own
+    turn comes, the tree parsed from the same bytes is used. Each file is parsed once per run."""
+    write(
+        tmp_path,
+        {
+            "pkg/__init__.py": "import torch.distributed as dist\nfrom .core import *\n\ndist.init_process_group('gloo')\nsave()\n",
+            "pkg/core.py": "import torch\nimport torch.distributed as dist\n\n\ndef save():\n    dist.barrier()\n",
+        },
+    )
+    import libcst
+
+    parsed: list[str] = []
+    real_parse = libcst.parse_module
+
+    def counting(text: str, *args: Any, **kwargs: Any) -> Any:
+        parsed.append(text)
+        return real_parse(text, *args, **kwargs)
+
+    monkeypatch.setattr(libcst, "parse_module", counting)
+    run = lint([tmp_path / "pkg/__init__.py", tmp_path / "pkg/core.py"], tmp_path, use_cache=False)
+    assert sorted(r.path for r in run.files if r.parsed) == sorted([str(tmp_path / "pkg/__init__.py"), str(tmp_path / "pkg/core.py")])
+    assert len(parsed) == 2
+    assert parsed.count((tmp_path / "pkg/core.py").read_text()) == 1
+
+
+AMP_SCRIPT = """import torch
+from torch.cuda.amp import GradScaler
+
+from helpers import clip
+
+scaler = GradScaler()
+
+
+def step(model, loss, optimizer):
+    {backward}
+    clip(model)
+    scaler.step(optimizer)
+    scaler.update()
+"""
+AMP_HELPER = """import torch
+
+
+def clip(model):
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+"""
+
+
+@pytest.mark.parametrize(
+    ("backward", "reads_helper", "codes"),
+    [
+        ("scaler.scale(loss).backward()", True, ["AMP002"]),
+        ("print(scaler.scale(loss))  # the rule's words, no scaled backward\n    loss.backward()", False, []),
+    ],
+)
+def test_amp002_reads_a_helper_module_only_after_a_scaled_backward(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, backward: str, reads_helper: bool, codes: list[str]
+) -> None:
+    """Whether a called helper clips is asked of its module only where a scaled backward comes before
+    the call: a file without one never parses its imports for this rule."""
+    seen = analysed_with_projects(monkeypatch)
+    write(tmp_path, {"train.py": AMP_SCRIPT.format(backward=backward), "helpers.py": AMP_HELPER})
+    run, _ = lint_paths([str(tmp_path / "train.py")], Settings(select=("AMP002",)), jobs=1, use_cache=False)
+    assert [f.code for r in run.files for f in r.findings] == codes
+    assert (tmp_path / "helpers.py" in seen[0].files_read()) is reads_helper

@@ -394,3 +394,73 @@ def test_names_from_a_package_and_imports_after_a_star(tmp_path: Path) -> None:
     assert project.imported_modules(tmp_path / "main.py") == [
         tmp_path / "common.py", tmp_path / "lib/__init__.py", tmp_path / "lib/sub.py", tmp_path / "other.py",
     ]
+
+
+@pytest.mark.parametrize("installed", ["site-packages", "dist-packages"])
+def test_an_installed_package_follows_its_own_imports_not_its_neighbours(tmp_path: Path, installed: str) -> None:
+    """Linting a file inside an installed package (torch's own sources): its package top is the
+    installed-packages folder, which holds every library of the environment. Only the importer's own
+    package is its project there; `import numpy` or `import other` is never read as a project module."""
+    site = tmp_path / "lib" / installed
+    write(
+        site,
+        {
+            "pkg/__init__.py": "",
+            "pkg/train.py": "import other\nimport pkg.helpers\nfrom other import thing\nimport lonely\n",
+            "pkg/helpers.py": "",
+            "other/__init__.py": "thing = 1\n",
+            "lonely.py": "import other\n",
+        },
+    )
+    project = ProjectSources.for_paths([site / "pkg" / "train.py"])
+    train = site / "pkg" / "train.py"
+    assert project.resolve(train, "pkg.helpers", 0) == site / "pkg" / "helpers.py"
+    assert project.resolve(train, "other", 0) is None
+    assert project.imported_modules(train) == [site / "pkg" / "helpers.py"]
+    assert project.resolve(site / "lonely.py", "other", 0) is None  # a top-level module has no package there
+    # The pre-filter's closure resolves by the same rule.
+    assert project.closure_mentions(train, train.read_bytes(), frozenset({b"thing"}), lambda found: False) == frozenset()
+
+
+def test_the_same_layout_in_an_ordinary_folder_is_one_project(tmp_path: Path) -> None:
+    write(tmp_path, {"pkg/__init__.py": "", "pkg/train.py": "import other\n", "other/__init__.py": "thing = 1\n"})
+    project = ProjectSources.for_paths([tmp_path / "pkg" / "train.py"])
+    assert project.resolve(tmp_path / "pkg" / "train.py", "other", 0) == tmp_path / "other" / "__init__.py"
+
+
+def test_parsed_already_only_for_the_very_bytes_it_parsed(tmp_path: Path) -> None:
+    write(tmp_path, {"a.py": "x = 1\n"})
+    project = ProjectSources([tmp_path])
+    assert project.parsed_already(tmp_path / "a.py", b"x = 1\n") is None  # nothing parsed yet
+    module = project.parse(tmp_path / "a.py")
+    assert module is not None
+    assert project.parsed_already(tmp_path / "a.py", b"x = 1\n") is module
+    assert project.parsed_already(tmp_path / "a.py", b"x = 2\n") is None  # an editor's unsaved text
+    assert project.parsed_already(tmp_path / "b.py", b"x = 1\n") is None
+
+
+def test_absent_candidates_are_checked_from_folder_listings(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A warm run asks about thousands of candidates an import did not find: a name missing from its
+    folder's listing (or a folder missing from its parent's) is answered without opening anything,
+    and a file that appeared since is seen."""
+    write(tmp_path, {"pkg/__init__.py": "", "pkg/mod.py": ""})
+    missing_in_folder = tmp_path / "pkg" / "gone.py"
+    missing_folder = tmp_path / "pkg" / "mod" / "__init__.py"
+    opened: list[str] = []
+    real_open = open
+
+    def spy(path: object, *args: object, **kwargs: object) -> object:
+        opened.append(str(path))
+        return real_open(path, *args, **kwargs)  # type: ignore[call-overload]
+
+    monkeypatch.setattr("builtins.open", spy)
+    project = ProjectSources([tmp_path])
+    assert project.unchanged(missing_in_folder, ABSENT)
+    assert project.unchanged(str(missing_folder), ABSENT)
+    assert not project.unchanged(tmp_path / "pkg" / "nothere.py", EXISTS)
+    assert project.unchanged(tmp_path / "pkg" / "mod.py", EXISTS)
+    assert opened == [str(tmp_path / "pkg" / "mod.py")]
+    (tmp_path / "pkg" / "gone.py").write_text("")
+    assert not ProjectSources([tmp_path]).unchanged(missing_in_folder, ABSENT)
+    (tmp_path / "pkg" / "folder.py").mkdir()  # listed, but a folder: still no module there
+    assert ProjectSources([tmp_path]).unchanged(tmp_path / "pkg" / "folder.py", ABSENT)

@@ -87,3 +87,15 @@ def test_env_plain_text_never_folds_a_long_value(monkeypatch: pytest.MonkeyPatch
     monkeypatch.setenv("NCCL_DEBUG_SUBSYS", value)
     text = to_text(collect_env(), [], color=False)
     assert any(value in line for line in text.splitlines())
+
+
+def test_one_escape_table_for_every_command() -> None:
+    """A control character reads the same in lint's report (file names, messages) and in what env,
+    probe and guard print: each written as Python escapes it, one record a line."""
+    from ddpdoctor.report.text import escaped
+    from ddpdoctor.terminal import escape_controls
+
+    raw = "a\x1b[31mb\nc\td\re\x7f\x85\x9b\u2028\u2029\x00é→"
+    expected = "a\\x1b[31mb\\nc\\td\\re\\x7f\\x85\\x9b\\u2028\\u2029\\x00é→"
+    assert escape_controls(raw) == expected
+    assert escaped(raw) == expected

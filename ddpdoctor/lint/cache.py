@@ -75,7 +75,7 @@ class ResultCache:
         digest: str,
         codes: frozenset[str],
         lines: Union[int, Callable[[], int]],
-        unchanged: Optional[Callable[[Path, Optional[str]], bool]] = None,
+        unchanged: Optional[Callable[[str, Optional[str]], bool]] = None,
     ) -> Optional[list[Finding]]:
         """The cached findings, or None (a miss) unless the entry is exactly what we write, its
         `digest` matches and every project module the analysis read is still as it was
@@ -102,13 +102,13 @@ class ResultCache:
                 return None
         return findings
 
-    def _unchanged(self, unchanged: Callable[[Path, Optional[str]], bool], path: str, state: Optional[str]) -> bool:
+    def _unchanged(self, unchanged: Callable[[str, Optional[str]], bool], path: str, state: Optional[str]) -> bool:
         """`unchanged(path, state)`, asked once per run: the files of a project share most of their
         dependencies (a warm run over torch/distributed asked 1,832 times about a few hundred)."""
         key = (path, state)
         verdict = self._verdicts.get(key)
         if verdict is None:
-            verdict = self._verdicts[key] = unchanged(Path(path), state)
+            verdict = self._verdicts[key] = unchanged(path, state)
         return verdict
 
     def put(

@@ -116,15 +116,30 @@ def interested_rules(
     This is the cheap pre-filter: a file no rule is interested in is never parsed. Plain substring
     tests on bytes cost microseconds, the parse tens of milliseconds."""
 
-    def mentions(words: tuple[str, ...]) -> bool:
-        return any(word.encode() in elsewhere or word.encode() in data for word in words)
+    def mentions(words: tuple[bytes, ...]) -> bool:
+        return any(word in elsewhere or word in data for word in words)
 
-    return [
-        rule
-        for rule in rules
-        if (not rule.trigger_words or mentions(rule.trigger_words))
-        and (not rule.context_words or mentions(rule.context_words))
-    ]
+    interested = []
+    for rule in rules:
+        trigger, context = _encoded_words(rule)
+        if (not trigger or mentions(trigger)) and (not context or mentions(context)):
+            interested.append(rule)
+    return interested
+
+
+def _encoded_words(rule: type[Rule]) -> tuple[tuple[bytes, ...], tuple[bytes, ...]]:
+    """A rule's trigger and context words as bytes, encoded once per run (asked for every file)."""
+    known = _ENCODED_WORDS.get(rule)
+    if known is None or known[0] is not rule.trigger_words or known[1] is not rule.context_words:
+        known = _ENCODED_WORDS[rule] = (
+            rule.trigger_words,
+            rule.context_words,
+            (tuple(w.encode() for w in rule.trigger_words), tuple(w.encode() for w in rule.context_words)),
+        )
+    return known[2]
+
+
+_ENCODED_WORDS: dict[type[Rule], tuple[tuple[str, ...], tuple[str, ...], tuple[tuple[bytes, ...], tuple[bytes, ...]]]] = {}
 
 
 def project_interested_rules(
@@ -226,7 +241,9 @@ def _parse_and_analyse(
         return [_parse_error(path, deep[0], deep[1])], True
     normalised: Optional[normalise.Normalised] = None
     try:
-        module = cst.parse_module(text)
+        # A module an import of an earlier file already parsed from these very bytes is not parsed again.
+        known = project.parsed_already(Path(path), data) if project is not None and data is not None else None
+        module = known if known is not None else cst.parse_module(text)
     except cst.ParserSyntaxError as error:
         refused = _syntax_error_finding(text, path, error)
         if refused is not None:

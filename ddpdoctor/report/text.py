@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Mapping, Optional, Sequence, Union
 
 from ddpdoctor.findings import Finding, Severity
 from ddpdoctor.report.counts import code_counts, is_fixable
+from ddpdoctor.terminal import escape_controls
 
 if TYPE_CHECKING:
     from rich.text import Text as RichText
@@ -39,17 +40,12 @@ _LINE_BREAK = re.compile(r"\r\n|\r|\n")
 # Control characters in a source line would corrupt the terminal (or smuggle ANSI codes into
 # colorless output); show them as the replacement character instead.
 _CONTROL = {code: "\ufffd" for code in [*range(0x00, 0x09), *range(0x0A, 0x20), 0x7F]}
-# In a file name or a message, a control character (or a Unicode line separator) is written as its
-# escape instead: the name stays recognisable and the report keeps one finding a line.
-_ESCAPES = {
-    code: {0x09: "\\t", 0x0A: "\\n", 0x0D: "\\r"}.get(code, f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}")
-    for code in [*range(0x00, 0x20), *range(0x7F, 0xA0), 0x2028, 0x2029]
-}
 
 
 def escaped(value: str) -> str:
-    """`value` with its control characters escaped (`\\n`, `\\x1b`, `\\u2028`)."""
-    return value.translate(_ESCAPES)
+    """`value` with its control characters escaped (`\\n`, `\\x1b`, `\\u2028`): in a file name or a
+    message, the name stays recognisable and the report keeps one finding a line."""
+    return escape_controls(value)
 
 
 Run = Union[str, tuple[str, str]]

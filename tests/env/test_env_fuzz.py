@@ -65,7 +65,7 @@ def test_the_reported_case_huge_local_rank_without_rank_is_a_report_not_an_inter
 
 
 @pytest.mark.parametrize("variable, value, escaped", [("RANK", "1\x1b[31m", "RANK=1\\x1b[31m is set"),
-                                                      ("RANK", "7\r", "RANK=7\\x0d is set")])
+                                                      ("RANK", "7\r", "RANK=7\\r is set")])
 def test_env017_escapes_what_it_quotes(collect, variable: str, value: str, escaped: str) -> None:
     report = collect(environ={variable: value, "WORLD_SIZE": "8"})
     text = to_text(report, diagnose(report), color=False)

@@ -97,7 +97,7 @@ def test_text_reaches_the_doctor_with_control_characters_escaped() -> None:
     checked = schema.message(state(ev=[["0,1", 0, "all_reduce", "float32[1]", "t\x1b[31m.py", 9]],
                                    local=[{"code": "GRD004", "message": "a\rb\x9bc", "path": "p", "line": 1}]), 2)
     assert checked["ev"] == [("0,1", 0, "all_reduce", "float32[1]", "t\\x1b[31m.py", 9)]
-    assert checked["local"][0]["message"] == "a\\x0db\\u009bc"
+    assert checked["local"][0]["message"] == "a\\rb\\x9bc"
     frames = schema.message({"t": "stack", "frames": [["t.py", 3, "f\x07"]]}, 2)
     assert frames == {"t": "stack", "frames": [("t.py", 3, "f\\x07")]}
 

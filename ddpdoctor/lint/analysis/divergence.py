@@ -15,7 +15,6 @@ found here by one walk over each function body, with the branch conditions aroun
 from __future__ import annotations
 
 import bisect
-import itertools
 from dataclasses import dataclass
 from typing import Optional, Sequence, Union
 
@@ -59,6 +58,10 @@ class Exit:
     after_exits: frozenset[int]
     loops: tuple[Loop, ...]  # the loops around it inside its function, outermost first
     order: int  # where it sits among the model's numbered statements
+    # For each of `guards`, how many of `loops` are around it: whether a condition is inside the loop
+    # an exit leaves is a fact of nesting, not of numbering (a loop's first `if`, with no call before
+    # it, is numbered like the loop itself).
+    guard_depths: tuple[int, ...] = ()
 
 
 def exits(model: ModuleModel) -> list[Exit]:
@@ -71,16 +74,11 @@ class _Walker:
         self.model = model
         self.out: list[Exit] = []
         self.after_exits: set[int] = set()
+        self.depths: dict[int, int] = {}  # id(guard) -> how many loops are around it
         self.kept: list[Guard] = []  # keeps those guards alive, so that their ids stay theirs
         self.loops_by_node = {id(loop.node): loop for loop in model.loops}
-        # The numbered items (calls, assignments) by source position, to place a statement among them.
-        items = [(model.position(c.node).start, c.order) for c in model.calls]
-        items += [(model.position(a.node).start, a.order) for a in model.assignments]
-        items.sort(key=lambda item: (item[0].line, item[0].column))
-        self.positions = [(p.line, p.column) for p, _ in items]
-        # The highest order among the items up to each position: an assignment is numbered after
-        # the calls in its value, though its target is written first.
-        self.orders = list(itertools.accumulate((order for _, order in items), max))
+        # The numbers of the numbered items (calls, assignments), to place a statement among them.
+        self.item_orders = sorted([*(c.order for c in model.calls), *(a.order for a in model.assignments)])
 
     def run(self) -> list[Exit]:
         for function in self.model.functions:
@@ -91,10 +89,10 @@ class _Walker:
 
     def order_at(self, node: cst.CSTNode) -> int:
         """One past every numbered item that starts before `node`'s end: values assigned up to
-        there are the ones `node` sees."""
-        end = self.model.position(node).end
-        index = bisect.bisect_right(self.positions, (end.line, end.column))
-        return (self.orders[index - 1] + 1) if index else 0
+        there are the ones `node` sees. The model builds in source order and marks, for each `if`
+        test and exit statement, the last number given by its end (ModuleModel.walk_marks)."""
+        index = bisect.bisect_right(self.item_orders, self.model.walk_marks[id(node)])
+        return (self.item_orders[index - 1] + 1) if index else 0
 
     def block(
         self, body: Union[cst.BaseSuite, cst.Module], function: Optional[Function],
@@ -112,6 +110,7 @@ class _Walker:
                 # `if not ok: continue` guards what follows it in the block, negated.
                 after = Guard(statement.test, True, self.order_at(statement.test), function)
                 self.after_exits.add(id(after))
+                self.depths[id(after)] = len(loops)
                 self.kept.append(after)
                 guards = (*guards, after)
 
@@ -123,9 +122,9 @@ class _Walker:
             self.small_statements(statement.body, function, guards, loops)
         elif isinstance(statement, cst.If):
             order = self.order_at(statement.test)
-            self.block(statement.body, function, (*guards, Guard(statement.test, False, order, function)), loops)
+            self.block(statement.body, function, (*guards, self.guard(statement.test, False, order, function, loops)), loops)
             if statement.orelse is not None:
-                negated = (*guards, Guard(statement.test, True, order, function))
+                negated = (*guards, self.guard(statement.test, True, order, function, loops))
                 if isinstance(statement.orelse, cst.If):
                     self.statement(statement.orelse, function, negated, loops)
                 else:
@@ -165,7 +164,16 @@ class _Walker:
                     kind, node = "exit", small.value
             if kind is not None:
                 after = frozenset(id(g) for g in guards if id(g) in self.after_exits)
-                self.out.append(Exit(node, kind, function, guards, after, loops, self.order_at(small)))
+                depths = tuple(self.depths[id(g)] for g in guards)
+                self.out.append(Exit(node, kind, function, guards, after, loops, self.order_at(small), depths))
+
+    def guard(
+        self, test: Expr, negated: bool, order: int, function: Optional[Function], loops: tuple[Loop, ...]
+    ) -> Guard:
+        made = Guard(test, negated, order, function)
+        self.kept.append(made)  # alive for the walk, so that its id stays its own
+        self.depths[id(made)] = len(loops)
+        return made
 
 
 def _clean_exit_status(call: Call) -> bool:
@@ -311,10 +319,13 @@ def divergent_condition(model: ModuleModel, exit: Exit) -> Optional[Divergence]:
     decided = decided_by_guards(model, exit.guards)
     if decided is not None and decided.runs == Runs.SINGLE:
         return None
-    start = -1
-    if exit.loops:
-        start = (exit.loops[-1] if exit.kind in ("break", "continue") else exit.loops[0]).order
-    inside = [guard for guard in exit.guards if guard.order > start and id(guard) not in exit.after_exits]
+    # The conditions inside the loop the exit leaves (its innermost for break / continue, any loop
+    # around it for return / exit), or in its function when no loop is around it.
+    depth = (len(exit.loops) if exit.kind in ("break", "continue") else 1) if exit.loops else 0
+    inside = [
+        guard for guard, around in zip(exit.guards, exit.guard_depths)
+        if around >= depth and id(guard) not in exit.after_exits
+    ]
     if decided is not None and decided.some_ranks and decided.guard in inside:
         return Divergence(decided.guard, decided.runs, None)
     for guard in reversed(inside):

@@ -93,6 +93,22 @@ def _package_top(directory: Path) -> Path:
     return top
 
 
+# Folders of installed distributions: a search root there (the package top of a file inside an installed
+# package) holds every library of the environment, none of them the project.
+INSTALLED_PACKAGES_FOLDERS = frozenset({"site-packages", "dist-packages"})
+
+
+def _admits(root: str, folder: str, first: str) -> bool:
+    """Whether an absolute import of a module whose first name is `first`, from a file in `folder`, may
+    resolve under `root`. Any root may, except an installed-packages folder: of what it holds only the
+    importer's own package is its project (linting torch's sources follows torch's imports, never
+    numpy's or matplotlib's, which would be parsed as if they were the project's own modules)."""
+    if os.path.basename(root) not in INSTALLED_PACKAGES_FOLDERS:
+        return True
+    prefix = root.rstrip(os.sep) + os.sep
+    return folder.startswith(prefix) and folder[len(prefix):].split(os.sep, 1)[0] == first
+
+
 # What marks a project's top folder (the first found walking up), and a repository's top, where the
 # walk stops (and which is the top itself when no marker was found below it).
 PROJECT_MARKERS = ("pyproject.toml", "setup.py", "setup.cfg")
@@ -139,6 +155,7 @@ class ProjectSources:
         self._scanned: dict[Path, tuple[frozenset[bytes], frozenset[bytes], tuple[Path, ...]]] = {}
         self._tops: dict[Path, Optional[Path]] = {}
         self._listings: dict[str, frozenset[str]] = {}
+        self._unlisted: set[str] = set()  # folders whose listing failed (absent, or not readable)
         self._package_tops: dict[Path, Path] = {}
         self._quick_resolved: dict[tuple[Path, Optional[str], int], Optional[Path]] = {}
         self._roots_for: dict[Path, tuple[str, ...]] = {}
@@ -201,12 +218,20 @@ class ProjectSources:
         file found by resolution, ABSENT for a candidate that was looked for and missing."""
         return dict(self._scopes[-1])
 
-    def unchanged(self, path: Path, state: State) -> bool:
-        """Whether a dependency recorded as `state` (in an earlier run) still holds now."""
+    def unchanged(self, path: Union[str, Path], state: State) -> bool:
+        """Whether a dependency recorded as `state` (in an earlier run) still holds now.
+
+        Most dependencies are candidates an import looked for and did not find (a warm run over
+        torch/nn and torch/utils asks about 2,200 of them): a name missing from its folder's listing
+        (one listing per folder per run) is answered without trying to open it."""
+        if state is ABSENT or state == EXISTS:
+            folder, name = os.path.split(os.path.abspath(path))
+            if name not in self._listing(folder):
+                return state is ABSENT
         now = self.digest_of(path)
         return now is not ABSENT if state == EXISTS else now == state
 
-    def digest_of(self, path: Path) -> State:
+    def digest_of(self, path: Union[str, Path]) -> State:
         """The current state of `path` in the terms of `dependencies()` (for cache validation)."""
         path = _absolute(path)
         if path in self._digests:
@@ -229,6 +254,15 @@ class ProjectSources:
         path = _absolute(path)
         self._digests[path] = content_digest(data[: MAX_BYTES + 1])  # as digest_of reads it
         self._keep(path, module)
+
+    def parsed_already(self, path: Path, data: bytes) -> Optional[cst.Module]:
+        """The module this run already parsed from exactly `data` at `path` (an import read it before
+        it came up to be linted), so that the file is not parsed a second time; else None."""
+        path = _absolute(path)
+        module = self._modules.get(path)
+        if module is None or self._digests.get(path) != content_digest(data[: MAX_BYTES + 1]):
+            return None
+        return module
 
     def _keep(self, path: Path, module: Optional[cst.Module]) -> None:
         if module is None:
@@ -277,7 +311,7 @@ class ProjectSources:
         try:
             encoding, _ = tokenize.detect_encoding(BytesIO(data).readline)
             text = data.decode(encoding)
-            return cst.parse_module(text.lstrip("\ufeff"))
+            return cst.parse_module(text[1:] if text.startswith("\ufeff") else text)  # as the engine decodes
         except Exception:  # noqa: BLE001 - any failure means "not a module we can read", by contract
             return None
 
@@ -319,6 +353,8 @@ class ProjectSources:
         if not parts:
             return None
         for root in dict.fromkeys((self._package_top(folder), folder, *self.roots)):
+            if not _admits(str(root), str(folder), parts[0]):
+                continue
             found = self._find(root, parts)
             if found is not None:
                 return found
@@ -341,10 +377,15 @@ class ProjectSources:
         probing each candidate file)."""
         names = self._listings.get(folder)
         if names is None:
-            try:
-                names = frozenset(os.listdir(folder))
-            except OSError:
-                names = frozenset()
+            parent, name = os.path.split(folder)
+            if name and parent != folder and name not in self._listing(parent) and parent not in self._unlisted:
+                names = frozenset()  # not in its parent: no folder to list (import candidates often are not)
+            else:
+                try:
+                    names = frozenset(os.listdir(folder))
+                except OSError:
+                    names = frozenset()
+                    self._unlisted.add(folder)
             self._listings[folder] = names
         return names
 
@@ -374,6 +415,8 @@ class ProjectSources:
                 found = self._quick_find(base, parts)
         elif parts:
             for root in self._search_roots(importer.parent):
+                if not _admits(root, str(importer.parent), parts[0]):
+                    continue
                 names = self._listing(root)
                 if parts[0] in names or f"{parts[0]}.py" in names:
                     found = self._quick_find(root, parts)

@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import bisect
 import builtins
-import itertools
 import re
 import os.path
 from pathlib import Path
@@ -235,10 +234,31 @@ class Route:
 # ------------------------------------------------------------------------------------------ builder
 
 
+class _Counter:
+    """itertools.count(1) that also tells the last number it gave (`last`), so the builder can mark
+    where a statement ends among the numbered items without numbering it."""
+
+    __slots__ = ("last",)
+
+    def __init__(self) -> None:
+        self.last = 0
+
+    def __iter__(self) -> "_Counter":
+        return self
+
+    def __next__(self) -> int:
+        self.last += 1
+        return self.last
+
+
+# The small statements whose place among the numbered items is marked (see ModuleModel.walk_marks).
+_MARKED_SMALL = (cst.Break, cst.Continue, cst.Return, cst.Expr)
+
+
 class _Builder:
     def __init__(self, model: "ModuleModel") -> None:
         self.model = model
-        self.counter = itertools.count(1)
+        self.counter = _Counter()
         self.function: Optional[Function] = None
         self.klass: Optional[str] = None
         self.loops: list[Loop] = []
@@ -279,6 +299,7 @@ class _Builder:
                 self.small(small, statement)
         elif isinstance(statement, cst.If):
             self.expr(statement.test)
+            self.model.walk_marks[id(statement.test)] = self.counter.last
             guard = Guard(statement.test, False, next(self.counter), self.function)
             self.guards.append(guard)
             self.suite(statement.body)
@@ -381,6 +402,11 @@ class _Builder:
         self.function, self.loops, self.guards, self.withs = saved
 
     def small(self, small: cst.BaseSmallStatement, statement: cst.CSTNode) -> None:
+        self._small(small, statement)
+        if isinstance(small, _MARKED_SMALL):
+            self.model.walk_marks[id(small)] = self.counter.last
+
+    def _small(self, small: cst.BaseSmallStatement, statement: cst.CSTNode) -> None:
         if isinstance(small, cst.Assign):
             self.expr(small.value)
             for target in small.targets:
@@ -557,6 +583,11 @@ class ModuleModel:
         # The module's top-level classes by name (the first definition of each).
         self.classes: dict[str, cst.ClassDef] = {}
         self.loops: list[Loop] = []
+        # id(node) -> the last number given when the build had walked past it (every call and
+        # assignment up to the node's end has one at most this), for each `if` test and each
+        # break / continue / return / expression statement: where such a statement sits among the
+        # numbered items, without the cost of the module's source positions.
+        self.walk_marks: dict[int, int] = {}
         self._assignments_by_target: dict[str, list[Assignment]] = {}
         self._call_by_node: dict[int, Call] = {}
         self._positions: Optional[dict[cst.CSTNode, CodeRange]] = None

@@ -126,17 +126,23 @@ class ClipWithoutUnscale(Rule):
         """A helper (of this module or another project module) whose body clips gradients before any
         `unscale_`, called after `scaler.scale(loss).backward()` with no `unscale_` in between:
         reported at the call, where the scaled backward is known."""
+        # Only a function (or module level) with a scaled backward can report, and finding the callee
+        # may parse another module: the local precondition is asked first, so a file without AMP never
+        # reads its imports for this rule.
+        scaled_in = {id(c.function) for c in self.model.calls if scaled_backward_scaler(self.model, c) is not None}
         for call in self.model.calls:
+            if id(call.function) not in scaled_in:
+                continue
             if call.name in summaries.CLIPS or (call.name or "").startswith("torch."):
+                continue
+            calls = self._calls_around(call)
+            backward, scaler = self._scaled_backward_before(call, calls)
+            if backward is None or scaler is None or precision_dependent(self.model, call, backward):
                 continue
             found = self._clipping_callee(call)
             if found is None:
                 continue
             other, helper, clipping = found
-            calls = self._calls_around(call)
-            backward, scaler = self._scaled_backward_before(call, calls)
-            if backward is None or scaler is None or precision_dependent(self.model, call, backward):
-                continue
             between = [c for c in calls if backward.order < c.order < call.order and not conditions.exclusive(self.model, c, call)]
             if any(self._unscales(c) for c in between) or any(self._steps(c, scaler) for c in between):
                 continue  # unscaled already, or the step (which unscales) has been taken: another story
