@@ -30,11 +30,16 @@ from ddpdoctor.probe.rendezvous import stores_bound_to
 from ddpdoctor.probe.results import LaunchOutcome, clip_traceback
 
 
+# The variables that choose the interface each backend's own sockets listen on: gloo's pairs, and
+# NCCL's bootstrap (and socket transport, unused between GPUs of one node, which talk over P2P/SHM).
+TRANSPORT_INTERFACE_VARIABLES = ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME")
+
+
 def loopback_transport(bind_addr: "str | None", nnodes: int) -> dict[str, str]:
-    """On one node whose rendezvous is on loopback, gloo's own listening sockets go there too (it
-    would otherwise listen on the address the host name resolves to, often the LAN's); a user's own
-    GLOO_SOCKET_IFNAME wins."""
-    if nnodes != 1 or bind_addr is None or "GLOO_SOCKET_IFNAME" in os.environ:
+    """On one node whose rendezvous is on loopback, the backends' own listening sockets go there too
+    (gloo would otherwise listen on the address the host name resolves to, often the LAN's, and
+    NCCL's bootstrap on the first interface it likes); a variable the user set wins."""
+    if nnodes != 1 or bind_addr is None:
         return {}
     try:
         if not ipaddress.ip_address(bind_addr).is_loopback:
@@ -42,7 +47,9 @@ def loopback_transport(bind_addr: "str | None", nnodes: int) -> dict[str, str]:
         names = {name for _, name in socket.if_nameindex()}
     except (ValueError, OSError, AttributeError):
         return {}
-    return {"GLOO_SOCKET_IFNAME": "lo"} if "lo" in names else {}
+    if "lo" not in names:
+        return {}
+    return {name: "lo" for name in TRANSPORT_INTERFACE_VARIABLES if name not in os.environ}
 
 
 def run_id_for(run_id: "str | None", nnodes: int, rdzv_endpoint: "str | None") -> str:

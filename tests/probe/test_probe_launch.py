@@ -200,16 +200,21 @@ def test_rank_zero_of_a_bare_launch_hosts_its_store_on_master_addr_only() -> Non
     assert_no_leftovers(mark)
 
 
-def test_gloo_is_told_to_use_loopback_only_on_one_node_with_a_loopback_rendezvous(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_gloo_and_nccl_are_told_to_use_loopback_only_on_one_node_with_a_loopback_rendezvous(monkeypatch: pytest.MonkeyPatch) -> None:
     from ddpdoctor.probe.launch import loopback_transport
 
     monkeypatch.delenv("GLOO_SOCKET_IFNAME", raising=False)
-    assert loopback_transport("127.0.0.1", 1) == {"GLOO_SOCKET_IFNAME": "lo"}
-    assert loopback_transport("127.0.0.5", 1) == {"GLOO_SOCKET_IFNAME": "lo"}
+    monkeypatch.delenv("NCCL_SOCKET_IFNAME", raising=False)
+    both = {"GLOO_SOCKET_IFNAME": "lo", "NCCL_SOCKET_IFNAME": "lo"}
+    assert loopback_transport("127.0.0.1", 1) == both
+    assert loopback_transport("127.0.0.5", 1) == both
+    assert loopback_transport("::1", 1) == both
     assert loopback_transport("127.0.0.1", 2) == {}
     assert loopback_transport("192.0.2.1", 1) == {}
     assert loopback_transport(None, 1) == {}
     monkeypatch.setenv("GLOO_SOCKET_IFNAME", "eth7")
+    assert loopback_transport("127.0.0.1", 1) == {"NCCL_SOCKET_IFNAME": "lo"}  # each user choice wins alone
+    monkeypatch.setenv("NCCL_SOCKET_IFNAME", "ib0")
     assert loopback_transport("127.0.0.1", 1) == {}
 
 
