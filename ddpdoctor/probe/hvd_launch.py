@@ -41,7 +41,7 @@ def launch_horovod(config: RankConfig, nproc: int, grace_s: float) -> LaunchOutc
     outcome.started_at = time.time()
     chatter = io.StringIO()
     try:
-        with interruptible(outcome), _keep_our_sigint(), contextlib.redirect_stdout(chatter), \
+        with interruptible(outcome), _keep_our_sigint(), _one_rank_named(), contextlib.redirect_stdout(chatter), \
                 contextlib.redirect_stderr(chatter):
             horovod_run(
                 horovod_entry, args=(config.to_json(),), num_proc=nproc, hosts=f"localhost:{nproc}",
@@ -112,6 +112,25 @@ def quiet_resource_tracker() -> None:
         pass
     finally:
         sys.warnoptions[:] = saved
+
+
+def padded_rank(rank: int, size: int) -> str:
+    """A rank's number as Horovod's gloo launcher pads it in its output files' names (`rank.03` of 12),
+    for every size: Horovod 0.28.1's own `_pad_rank` takes log10(size - 1), a math domain error for a
+    single rank, so `--nproc 1` failed before any rank started."""
+    return str(rank).zfill(len(str(max(size - 1, 1))))
+
+
+@contextlib.contextmanager
+def _one_rank_named() -> Iterator[None]:
+    import horovod.runner.gloo_run as gloo_run
+
+    original = gloo_run._pad_rank
+    gloo_run._pad_rank = padded_rank
+    try:
+        yield
+    finally:
+        gloo_run._pad_rank = original
 
 
 @contextlib.contextmanager

@@ -49,6 +49,29 @@ def test_two_horovod_ranks_pass_every_check_json() -> None:
     assert run.stderr.strip() == ""  # Horovod's own chatter stays out of the user's terminal
 
 
+def test_rank_numbers_are_padded_as_horovod_pads_them_and_one_rank_too() -> None:
+    """Horovod's gloo launcher names each rank's output `rank.NN`, padded by log10(size - 1): a math
+    domain error for one rank. Ours pads the same for every size Horovod handles, and 1 as well."""
+    from ddpdoctor.probe.hvd_launch import padded_rank
+
+    require_horovod()
+    from horovod.runner.gloo_run import _pad_rank
+
+    for size in (2, 3, 9, 10, 11, 99, 100, 101, 1000, 1001):
+        for rank in (0, 1, size - 1):
+            assert padded_rank(rank, size) == _pad_rank(rank, size)
+    assert padded_rank(0, 1) == "0"
+
+
+@pytest.mark.slow
+def test_one_horovod_rank_passes_every_check() -> None:
+    require_horovod()
+    run = run_probe("--framework", "horovod", "--nproc", "1", "--timeout", TIMEOUT, "--format", "json", timeout=240)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    report = run.json()
+    assert report["world_size"] == 1 and [c["status"] for c in report["checks"]] == ["pass"] * len(HVD_CHECKS)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("fault, check, rank", [
     ("allreduce-corrupt:1", "allreduce", 1),
