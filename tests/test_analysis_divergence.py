@@ -110,6 +110,44 @@ def test_a_rank_test_inside_the_loop_diverges_and_a_single_process_branch_does_n
     ) is None
 
 
+@pytest.mark.parametrize(
+    ("body", "line", "diverges"),
+    [
+        # The rank test is around the loop, not inside it: only rank 0 runs the loop, and leaving it is
+        # decided by a value every rank shares (DDP009 speaks for collectives inside such a block).
+        ("if dist.get_rank() == 0:\n    for x in range(9):\n        if x > 3:\n            break\n", 7, False),
+        # A break or continue leaves only its innermost loop: a rank test in the outer loop is outside it.
+        ("for epoch in range(3):\n    if dist.get_rank() == 0:\n        for x in range(9):\n            if x > 3:\n"
+         "                break\n", 8, False),
+        ("for epoch in range(3):\n    if dist.get_rank() == 0:\n        for x in range(9):\n            if x > 3:\n"
+         "                continue\n            print(x)\n", 8, False),
+        # A return leaves every loop around it: a rank test in the outer loop is inside.
+        ("def f():\n    for epoch in range(3):\n        if dist.get_rank() == 0:\n            for x in range(9):\n"
+         "                return x\n", 8, True),
+        # The first statement of the loop, with nothing numbered between the loop and it, is inside.
+        ("for x in range(9):\n    if dist.get_rank() == 1 and x == 2:\n        continue\n    print(x)\n", 6, True),
+    ],
+)
+def test_a_condition_counts_where_it_is_nested_around_the_exit(body: str, line: int, diverges: bool) -> None:
+    assert (_divergence(body, line) is not None) is diverges
+
+
+def test_an_exit_after_a_divergent_exit_is_that_exit_s_story() -> None:
+    """`if rank == 1: continue` guards what follows it in the loop, negated: a later break on a shared
+    value is not divergent because of it (the continue is the one reported)."""
+    body = "for x in range(9):\n    if dist.get_rank() == 1:\n        continue\n    if x > 3:\n        break\n    print(x)\n"
+    assert _divergence(body, 6) is not None
+    assert _divergence(body, 8) is None
+
+
+def test_a_measured_condition_names_what_was_measured() -> None:
+    model = _model("for x in range(9):\n    loss = torch.ones(1).sum()\n    if loss.item() > 5:\n        break\n")
+    (exit,) = divergence.exits(model)
+    found = divergence.divergent_condition(model, exit)
+    assert found is not None and found.runs is None
+    assert found.measured is not None and model.code_of(found.measured) == "loss.item()"
+
+
 def test_what_the_remaining_ranks_run_next() -> None:
     model = _model(
         """

@@ -464,3 +464,19 @@ def test_absent_candidates_are_checked_from_folder_listings(tmp_path: Path, monk
     assert not ProjectSources([tmp_path]).unchanged(missing_in_folder, ABSENT)
     (tmp_path / "pkg" / "folder.py").mkdir()  # listed, but a folder: still no module there
     assert ProjectSources([tmp_path]).unchanged(tmp_path / "pkg" / "folder.py", ABSENT)
+
+
+def test_each_folder_is_listed_once_per_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    write(tmp_path, {"pkg/__init__.py": "", "pkg/a.py": "", "pkg/b.py": ""})
+    listed: list[str] = []
+    real_listdir = os.listdir
+
+    def counting(folder: str) -> list[str]:
+        listed.append(folder)
+        return real_listdir(folder)
+
+    monkeypatch.setattr(imports.os, "listdir", counting)
+    project = ProjectSources([tmp_path])
+    for name in ("a.py", "b.py", "c.py", "a.py"):
+        project.unchanged(tmp_path / "pkg" / name, ABSENT)
+    assert listed.count(str(tmp_path / "pkg")) == 1
