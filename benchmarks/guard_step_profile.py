@@ -39,7 +39,7 @@ def run_loop(guarded: bool, epochs: int, folder: str) -> tuple[pstats.Stats, int
     if guarded:
         command = [sys.executable, "-m", "ddpdoctor", "guard", "--", *command]
     env = dict(os.environ, PYTHONPATH=str(REPO), OMP_NUM_THREADS="1", GUARD_PROFILE_OUT=out)
-    result = subprocess.run(command, capture_output=True, text=True, env=env, cwd=REPO, timeout=900)
+    result = subprocess.run(command, capture_output=True, text=True, env=env, cwd=REPO, timeout=300)
     if result.returncode != 0 or not os.path.exists(out):
         raise SystemExit(f"no profile (exit {result.returncode}):\n{result.stderr[-2000:]}")
     return pstats.Stats(out), epochs * 4096 // (32 * 2)  # the loop's data, batch size and 2 ranks
