@@ -155,6 +155,27 @@ def test_a_new_page_gets_the_permissions_of_a_new_file(tmp_path: Path) -> None:
     assert stat.S_IMODE((tmp_path / "run.html").stat().st_mode) == 0o640
 
 
+def test_a_large_job_draws_the_ranks_the_findings_name_then_the_slowest() -> None:
+    line = Timeline()
+    for r in range(40):
+        for step in range(2, 6):
+            line.step(r, step, 0.05 if r == 20 else 0.01 + r / 1e5)
+    # Rank 33 (named), then by median step time: rank 20, then 39, 38, ... down to 25 (33 is in already).
+    assert html.chosen_ranks(40, line, [33]) == [20, *range(25, 40)]
+    page = html.render({"command": ["x"], "exit_code": 0, "world_size": 40, "findings": []}, line)
+    assert page.count('<g class="series') == html.MAX_RANKS_DRAWN and "16 of 40 ranks drawn" in page
+    assert page.count('<tr class="rank"') == 40  # the table lists every rank
+
+
+def test_a_run_that_no_rank_joined_still_gets_its_page(tmp_path: Path) -> None:
+    page = tmp_path / "run.html"
+    run = run_guard("--html", str(page), command=[PY, "-c", "print('no ranks here')"])
+    assert run.returncode == 0
+    text = page.read_text()
+    assert "no rank reported to this guard" in text and "No finding." in text
+    assert "No optimizer step was timed" in text and "No collective was recorded." in text
+
+
 def guard(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run([*GUARD, *args], cwd=REPO, env=guard_env("html"), capture_output=True, text=True, timeout=60)
 
