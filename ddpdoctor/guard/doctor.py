@@ -182,7 +182,7 @@ class Doctor:
             state.inflight = None if inflight is None else (inflight[0], inflight[1], now - inflight[2])
             for step, seconds in message.get("steps", ()):
                 self.steps.setdefault(step, {})[rank] = seconds
-                self.timeline.step(rank, step, seconds)
+                self.timeline.step(rank, step, seconds, self.world_size)
             for entry in message.get("hashes", ()):
                 self.hashes.setdefault((entry["step"], entry["kind"]), {})[rank] = entry
             for key in sorted(self.hashes)[:-MAX_PENDING_HASHES]:

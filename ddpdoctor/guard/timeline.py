@@ -2,8 +2,9 @@
 collectives each rank had recorded when a finding about collectives was made.
 
 Fed by the doctor under its lock; nothing here grows with the length of the run: a rank's series
-holds at most `MAX_POINTS` buckets (adjacent buckets merge, two into one, when it would hold more),
-and only the first `MAX_MOMENTS` findings about collectives keep their snapshot.
+holds at most `MAX_POINTS` buckets (adjacent buckets merge, two into one, when it would hold more;
+fewer in a job so large that all ranks together would hold more than `MAX_POINTS_IN_ALL`), and only
+the first `MAX_MOMENTS` findings about collectives keep their snapshot.
 """
 
 from __future__ import annotations
@@ -16,6 +17,9 @@ if TYPE_CHECKING:
     from ddpdoctor.guard.doctor import RankState
 
 MAX_POINTS = 2000
+# All ranks together: a job of thousands of ranks keeps fewer points per rank (at least MIN_POINTS).
+MAX_POINTS_IN_ALL = 200_000
+MIN_POINTS = 64
 # The last collectives quoted per rank (the doctor's RankState.recent keeps as many).
 MAX_COLLECTIVES = 16
 MAX_MOMENTS = 4
@@ -102,12 +106,13 @@ class Timeline:
     end: Optional[Moment] = None
     bound: int = MAX_POINTS
 
-    def step(self, rank: int, step: int, seconds: float) -> None:
+    def step(self, rank: int, step: int, seconds: float, world_size: int) -> None:
         series = self.series.get(rank)
         if series is None:
             if len(self.series) >= MAX_RANKS:
                 return
-            series = self.series[rank] = StepSeries(self.bound)
+            bound = min(self.bound, max(MIN_POINTS, MAX_POINTS_IN_ALL // max(world_size, 1)))
+            series = self.series[rank] = StepSeries(bound)
         series.add(step, seconds)
 
     def capture(self, finding: "Finding", ranks: "dict[int, RankState]", now: float) -> None:

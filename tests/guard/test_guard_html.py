@@ -72,6 +72,15 @@ def test_step_series_stays_bounded_and_keeps_every_step_and_the_slowest_one() ->
     assert steps == sorted(steps) and steps[-1] >= 10_000
 
 
+def test_a_large_job_keeps_fewer_points_per_rank() -> None:
+    line = Timeline()
+    line.step(0, 2, 0.01, 2)
+    line.step(0, 2, 0.01, 2048)  # the series is sized when its rank's first step arrives
+    line.step(1, 2, 0.01, 2048)
+    line.step(2, 2, 0.01, 10 ** 6)
+    assert [line.series[r].bound for r in range(3)] == [timeline.MAX_POINTS, 200_000 // 2048, timeline.MIN_POINTS]
+
+
 def _finding(code: str, ranks: list[int], message: str = "m", path: str = "train.py", line: int = 1) -> Finding:
     return Finding(code=code, name=code.lower(), severity=Severity.ERROR, message=message, path=path, line=line,
                    source="guard", details={"ranks": ranks})
@@ -106,8 +115,8 @@ def hostile_timeline() -> Timeline:
     ranks = {r: RankState(r, 2, recent={("W", 0): (HOSTILE, HOSTILE, HOSTILE, 9)}) for r in range(2)}
     line.capture(_finding("GRD001", [1]), ranks, 1.0)
     for step in range(2, 40):
-        line.step(0, step, 0.01)
-        line.step(1, step, 0.02)
+        line.step(0, step, 0.01, 2)
+        line.step(1, step, 0.02, 2)
     return line
 
 
@@ -159,7 +168,7 @@ def test_a_large_job_draws_the_ranks_the_findings_name_then_the_slowest() -> Non
     line = Timeline()
     for r in range(40):
         for step in range(2, 6):
-            line.step(r, step, 0.05 if r == 20 else 0.01 + r / 1e5)
+            line.step(r, step, 0.05 if r == 20 else 0.01 + r / 1e5, 40)
     # Rank 33 (named), then by median step time: rank 20, then 39, 38, ... down to 25 (33 is in already).
     assert html.chosen_ranks(40, line, [33]) == [20, *range(25, 40)]
     page = html.render({"command": ["x"], "exit_code": 0, "world_size": 40, "findings": []}, line)
