@@ -1,7 +1,10 @@
 """The training loop `guard_overhead.py` times: a small MLP under DDP, gloo on CPU, a DataLoader
 with a DistributedSampler, and one logging all-reduce per epoch, as real loops have. Rank 0 prints
-the loop's own wall and CPU time (start-up excluded, barriers on both ends)."""
+the loop's own wall and CPU time (start-up excluded, barriers on both ends). With GUARD_PROFILE_OUT set,
+rank 0 also profiles its loop (guard_step_profile.py)."""
 
+import cProfile
+import os
 import sys
 import time
 
@@ -22,7 +25,12 @@ data = TensorDataset(torch.randn(4096, 64, generator=generator), torch.randint(0
 sampler = DistributedSampler(data)
 loader = DataLoader(data, batch_size=32, sampler=sampler)
 dist.barrier()
+profile_out = os.environ.get("GUARD_PROFILE_OUT") if dist.get_rank() == 0 else None
+# Timed by this thread's CPU time: the machine's load and the guard's reporter thread do not count.
+profile = cProfile.Profile(time.thread_time) if profile_out else None
 started, cpu_started = time.perf_counter(), time.process_time()
+if profile:
+    profile.enable()
 for epoch in range(epochs):
     sampler.set_epoch(epoch)
     for x, y in loader:
@@ -31,6 +39,9 @@ for epoch in range(epochs):
         loss.backward()
         optimizer.step()
     dist.all_reduce(loss.detach())
+if profile and profile_out:
+    profile.disable()
+    profile.dump_stats(profile_out)
 dist.barrier()
 if dist.get_rank() == 0:
     # Wall time, and this process's CPU time (all its threads, the guard's reporter included), which

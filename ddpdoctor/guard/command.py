@@ -34,6 +34,9 @@ MAX_WINDOW = 100_000
               help="Where the side channel listens (default: loopback, or next to a multi-node rendezvous port).")
 @click.option("--report", "report_file", type=click.Path(dir_okay=False),
               help="Write the JSON report to this file.")
+@click.option("--html", "html_file", type=click.Path(dir_okay=False),
+              help="Write a self-contained HTML page of the run (step time per rank, the collectives around a "
+                   "finding, the findings) to this file.")
 @click.option("--format", "output_format", type=click.Choice(["text", "json"]), default="text", show_default=True,
               help="json: print the report on stdout (the command's own stdout goes to stderr).")
 @click.option("--fail-on", type=click.Choice(["error", "warning", "info", "never"]), default="warning",
@@ -45,8 +48,8 @@ MAX_WINDOW = 100_000
                    "TORCH_FR_DUMP_TEMP_FILE).")
 @click.argument("command", nargs=-1, type=click.UNPROCESSED)
 def guard(stall_timeout: float, every: int, straggler_window: int, on_stall: str, store: Optional[str],
-          report_file: Optional[str], output_format: str, fail_on: str, analyze_dumps: Optional[str],
-          command: Sequence[str]) -> None:
+          report_file: Optional[str], html_file: Optional[str], output_format: str, fail_on: str,
+          analyze_dumps: Optional[str], command: Sequence[str]) -> None:
     """Run a training job with the guard in every rank: ddpdoctor guard -- torchrun ... train.py
 
     Names the rank whose collectives do not match the others' (GRD001), that stalls the job
@@ -57,9 +60,13 @@ def guard(stall_timeout: float, every: int, straggler_window: int, on_stall: str
     """
     if report_file:
         check_writable(report_file, "--report")  # before the job runs, not after
+    if html_file:
+        check_writable(html_file, "--html")
     if analyze_dumps is not None:
         if command:
             raise usage_error("--analyze reads dumps and runs no command: drop the command or --analyze")
+        if html_file:
+            raise usage_error("--html draws a guarded run; with --analyze there is none: drop --html or --analyze")
         from ddpdoctor.guard.flight.analyze import main as analyze
 
         raise click.exceptions.Exit(analyze(analyze_dumps, output_format, report_file))
@@ -82,6 +89,14 @@ def guard(stall_timeout: float, every: int, straggler_window: int, on_stall: str
         except OSError as error:
             usage_error(f"cannot write {report_file}: {error.strerror or error}")
             # The job's own failure still says what happened to the job.
+            raise click.exceptions.Exit(outcome.exit_code or 2) from None
+    if html_file:
+        from ddpdoctor.guard import html
+
+        try:
+            html.write(html_file, html.render(payload, outcome.timeline))
+        except OSError as error:
+            usage_error(f"cannot write {html_file}: {error.strerror or error}")
             raise click.exceptions.Exit(outcome.exit_code or 2) from None
     if output_format == "json":
         click.echo(json.dumps(payload, indent=2))

@@ -19,6 +19,7 @@ from ddpdoctor.catalog import rule_info
 from ddpdoctor.findings import Finding, Severity
 from ddpdoctor.guard.notices import Notices
 from ddpdoctor.guard.options import GuardOptions
+from ddpdoctor.guard.timeline import Timeline
 
 if TYPE_CHECKING:
     from ddpdoctor.guard.schema import Hello
@@ -147,6 +148,8 @@ class Doctor:
         self.pending: list[_Pending] = []
         self.stop_requested: Optional[str] = None
         self.stall_quiet_until = 0.0
+        # Bounded: each rank's step times, and the collectives around the findings (for --html).
+        self.timeline = Timeline()
 
     # ------------------------------------------------------------------ input
 
@@ -179,6 +182,7 @@ class Doctor:
             state.inflight = None if inflight is None else (inflight[0], inflight[1], now - inflight[2])
             for step, seconds in message.get("steps", ()):
                 self.steps.setdefault(step, {})[rank] = seconds
+                self.timeline.step(rank, step, seconds, self.world_size)
             for entry in message.get("hashes", ()):
                 self.hashes.setdefault((entry["step"], entry["kind"]), {})[rank] = entry
             for key in sorted(self.hashes)[:-MAX_PENDING_HASHES]:
@@ -238,6 +242,7 @@ class Doctor:
         finding = Finding(code=code, name=name, severity=severity, message=message, path=path, line=line,
                           source="guard", details={"ranks": sorted(ranks), "step": step, "epoch": epoch})
         self.findings.append(finding)
+        self.timeline.capture(finding, self.ranks, self.clock())
         self.on_finding(finding)
         return finding
 

@@ -15,6 +15,12 @@ _SKIP: tuple[str, ...] = (_GUARD_DIR, "<frozen ")
 _STDLIB = tuple(os.path.abspath(sysconfig.get_paths()[k]) + os.sep for k in ("stdlib", "platstdlib"))
 
 
+# A file's path as reported, or None for a file whose frames are skipped: asked for every frame that
+# user_frame walks (a few per forward and per collective), so once per file, not per frame.
+_paths: dict[str, Optional[str]] = {}
+MAX_PATHS = 4096
+
+
 def skip_torch_frames() -> None:
     """Also skip torch's own frames (called once torch is imported, so this module need not import it)."""
     global _SKIP
@@ -22,6 +28,7 @@ def skip_torch_frames() -> None:
     torch_file = getattr(torch_mod, "__file__", None)
     if torch_file:
         _SKIP = (_GUARD_DIR, "<frozen ", os.path.dirname(os.path.abspath(torch_file)) + os.sep)
+        _paths.clear()
 
 
 def is_user(filename: str) -> bool:
@@ -32,8 +39,14 @@ def user_frame(frame: Optional[types.FrameType]) -> tuple[str, int]:
     """(path, line) of the innermost user frame at or above `frame`."""
     while frame is not None:
         filename = frame.f_code.co_filename
-        if not filename.startswith(_SKIP):
-            return display_path(filename), frame.f_lineno
+        try:
+            path = _paths[filename]
+        except KeyError:
+            if len(_paths) >= MAX_PATHS:
+                _paths.clear()
+            path = _paths[filename] = None if filename.startswith(_SKIP) else display_path(filename)
+        if path is not None:
+            return path, frame.f_lineno
         frame = frame.f_back
     return "<unknown>", 0
 

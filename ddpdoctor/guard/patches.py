@@ -13,6 +13,7 @@ import inspect
 import os
 import sys
 import time
+import weakref
 from typing import Any, Callable
 
 from ddpdoctor.guard import frames, rank
@@ -31,6 +32,12 @@ _SHAPES_MAY_DIFFER = frozenset({"all_gather", "all_to_all", "all_to_all_single",
 _MARK = "__ddpdoctor_guard__"
 _training_patched = False
 _late_start_tried = False
+# Every DDP model of this rank. The replica check's forward pre-hook is put on their modules only
+# when a check is due, and takes itself off when it runs: a module with a hook takes torch's slower
+# call path, which costs every step, not only the one in a hundred that is checked.
+_models: "weakref.WeakSet[Any]" = weakref.WeakSet()
+_HOOK = "_ddpdoctor_check"
+_SEEN = "_ddpdoctor_seen"
 
 
 def patch_collectives(dist: Any) -> None:
@@ -212,8 +219,12 @@ def _patch_ddp() -> None:
             # sequence of collectives here, at the line of the forward call.
             path, line = guard.last_forward = frames.user_frame(sys._getframe(1))
             guard.forwards += 1
-            summary = self.__dict__.get("_ddpdoctor_summary") or "gradients"
-            key = guard.group_key(getattr(self, "process_group", None))
+            # What this model's all-reduce is called and in which group: the same at every forward.
+            known = self.__dict__.get(_SEEN)
+            if known is None or known[0] is not guard:
+                known = self.__dict__[_SEEN] = (guard, self.__dict__.get("_ddpdoctor_summary") or "gradients",
+                                                guard.group_key(getattr(self, "process_group", None)))
+            _, summary, key = known
             seq = guard.record(key, "DDP gradient all-reduce", summary, path, line)
             guard.pending_backward = (key, seq) if seq >= 0 else None
         return original_forward(self, *args, **kwargs)
@@ -232,16 +243,26 @@ def _on_ddp(guard: rank.RankGuard, ddp: Any, site: tuple[str, int]) -> None:
     problem = devices.wrong_device(ddp.module, guard.local_rank, guard.local_world_size)
     if problem:
         guard.report_local("GRD007", problem, site[0], site[1])
-    ddp.module.register_forward_pre_hook(functools.partial(_hash_before_forward, ddp))
+    _models.add(ddp)
+    if guard.hash_due is not None:
+        _arm(ddp)
     # What DDP keeps in sync by all-reducing gradients: parameters that train and that it does not ignore.
     ignored = set(getattr(ddp, "parameters_to_ignore", ()) or ())
     synced = [(name, p) for name, p in ddp.module.named_parameters() if p.requires_grad and name not in ignored]
     guard.watch_replica(ddp, [name for name, _ in synced], [p for _, p in synced])
 
 
+def _arm(ddp: Any) -> None:
+    if _HOOK not in ddp.__dict__:
+        ddp.__dict__[_HOOK] = ddp.module.register_forward_pre_hook(functools.partial(_hash_before_forward, ddp))
+
+
 def _hash_before_forward(ddp: Any, module: Any, inputs: Any) -> None:
     # Inside DDP's forward, after it broadcast the buffers and before the module runs: the moment
     # when every replica's parameters and buffers must be bit-identical.
+    handle = ddp.__dict__.pop(_HOOK, None)
+    if handle is not None:
+        handle.remove()  # torch runs the hooks from a copy of their list: removing one here is safe
     guard = rank.current
     if guard is None or guard.hash_due is None or guard.closed:
         return
@@ -283,6 +304,9 @@ def _patch_optimizer() -> None:
         guard = rank.current
         if guard is not None:
             guard.on_step()
+            if guard.hash_due is not None:
+                for ddp in list(_models):
+                    _arm(ddp)
 
     register_optimizer_step_post_hook(after_step)
 

@@ -289,7 +289,8 @@ class RankGuard:
         now = time.monotonic()
         self.step += 1
         if self.last_step_at is not None and not self.closed:
-            self.step_times.append((self.step, max(0.0, now - self.last_step_at - self.waited)))
+            busy = now - self.last_step_at - self.waited
+            self.step_times.append((self.step, busy if busy > 0.0 else 0.0))
         self.last_step_at, self.waited = now, 0.0
         if self.step % self.options.every == 0:
             self.hash_due = self.step
@@ -372,7 +373,9 @@ class RankGuard:
     def on_batch(self, state: LoaderEpoch) -> None:
         state.count += 1
         self.batches += 1
-        self._note_sync(state)
+        if self.event_total > state.events_seen:  # _note_sync, inline: this runs for every batch
+            state.syncing = True
+        state.events_seen = self.event_total
         if state.count > self.epoch_loader[2]:
             self.epoch_loader = (state.path, state.line, state.count)
         if self.join_depth:

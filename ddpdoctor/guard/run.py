@@ -31,6 +31,7 @@ from ddpdoctor.guard.launch_args import DEFAULT_HOST, AddressError, job_identity
 from ddpdoctor.guard.notices import Notices
 from ddpdoctor.guard.options import ACTIVE_ENV, ENV, SECRET_ENV, GuardOptions
 from ddpdoctor.guard.server import SideChannel
+from ddpdoctor.guard.timeline import Timeline
 from ddpdoctor.guard.wire import LineReader, ProtocolError, encode, prove
 
 BOOTSTRAP_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "bootstrap")
@@ -57,6 +58,8 @@ class GuardRun:
     store: str = ""
     # What the guard watched (Doctor.summary); empty where another node's guard diagnosed.
     summary: dict[str, int] = field(default_factory=dict)
+    # Step times and collectives for --html; None where another node's guard diagnosed.
+    timeline: Optional[Timeline] = None
 
 
 def resolve(command: Sequence[str]) -> list[str]:
@@ -189,6 +192,8 @@ def run(command: Sequence[str], options: GuardOptions, on_finding: Callable[[Fin
         doctor.tick(final=True)
         channel.close()
         outcome.findings = list(doctor.findings)
+        doctor.timeline.ended(doctor.ranks, doctor.clock())
+        outcome.timeline = doctor.timeline
         outcome.world_size = doctor.world_size
         if doctor.world_size:  # else no rank joined: nothing was watched, and nothing is said
             outcome.summary = doctor.summary()

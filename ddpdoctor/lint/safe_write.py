@@ -15,7 +15,7 @@ import sys
 import tempfile
 import tokenize
 from io import BytesIO
-from typing import Callable
+from typing import Callable, Optional
 
 from ddpdoctor.lint.files import NotRegular, read_regular
 
@@ -122,10 +122,15 @@ def _rewrite_in_place(path: str, target: str, data: bytes, still_current: Callab
         os.fsync(handle.fileno())
 
 
-def atomic_write(path: str, data: bytes) -> None:
-    """Write a file of our own (the cache) by temp file and rename, keeping an existing mode."""
+def atomic_write(path: str, data: bytes, new_file_mode: Optional[int] = None) -> None:
+    """Write a file of our own (the cache, a report) by temp file and rename, keeping an existing
+    mode; a new file gets `new_file_mode` less the umask (None: readable by its owner only)."""
     directory = os.path.dirname(os.path.abspath(path))
     mode = stat.S_IMODE(os.stat(path).st_mode) if os.path.exists(path) else None
+    if mode is None and new_file_mode is not None:
+        umask = os.umask(0)
+        os.umask(umask)
+        mode = new_file_mode & ~umask
     fd, temp = tempfile.mkstemp(prefix=TEMP_PREFIX, suffix=".tmp", dir=directory)
     try:
         with os.fdopen(fd, "wb") as handle:
