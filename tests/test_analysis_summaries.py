@@ -338,3 +338,78 @@ def test_horovod_effects_and_the_lr_writers(tmp_path: pathlib.Path) -> None:
     assert unfollowed is not None and unfollowed.dotted == "make"
     assert summaries.handed_to_unfollowed(model, frozenset({"x"})) is not None
     assert summaries.handed_to_unfollowed(model, frozenset({"m"})) is None  # only to sync, which is followed
+
+
+def test_attribute_writes_follow_parameters_into_helpers_and_other_modules(tmp_path: pathlib.Path) -> None:
+    model = _project(
+        tmp_path,
+        {
+            "slots.py": (
+                "def adopt(args):\n    args.gpu = 3\n\n"
+                "def relay(opts):\n    adopt(opts)\n\n"
+                "def raw(ns, key):\n    setattr(ns, key, 1)\n\n"
+                "def bulk(ns):\n    vars(ns).update(gpu=1)\n\n"
+                "def reads(args):\n    return args.gpu + 1\n"
+            ),
+            "train.py": "from slots import adopt, relay, raw, bulk, reads\n\ndef use(cfg):\n    cfg.device.index = 0\n",
+        },
+        "train.py",
+    )
+    other = model.project_model(tmp_path / "slots.py")
+    assert other is not None
+    by_name = {f.name: f for f in other.functions}
+    assert summaries.attribute_writes(other, by_name["adopt"]) == {("args", "gpu")}
+    assert summaries.attribute_writes(other, by_name["relay"]) == {("opts", "gpu")}  # through adopt(opts)
+    assert summaries.attribute_writes(other, by_name["raw"]) == {("ns", summaries.ANY_ATTRIBUTE)}
+    assert summaries.attribute_writes(other, by_name["bulk"]) == {("ns", summaries.ANY_ATTRIBUTE)}
+    assert summaries.attribute_writes(other, by_name["reads"]) == frozenset()
+    (use,) = model.functions
+    assert summaries.attribute_writes(model, use) == {("cfg", "device")}
+
+
+REWRITES = {
+    "slots.py": "def adopt(args):\n    args.gpu = 3\n\ndef show(args):\n    print(args.gpu)\n",
+    "base.py": (
+        "class Job:\n    def claim(self):\n        self.local_rank = 5\n\n"
+        "    def report(self):\n        print(self.local_rank)\n"
+    ),
+}
+
+
+@pytest.mark.parametrize(
+    ("body", "name", "writer"),
+    [
+        ("args.gpu = 1\nadopt(args)\nHERE", "args.gpu", "adopt"),  # a project helper writes it
+        ("args.gpu = 1\nshow(args)\nHERE", "args.gpu", None),  # followed, only reads it
+        ("args.gpu = 1\nprint(args)\nHERE", "args.gpu", None),  # a builtin
+        ("args.gpu = 1\ntune(args)\nHERE", "args.gpu", "tune"),  # cannot be followed
+        ("adopt(args)\nargs.gpu = 1\nHERE", "args.gpu", None),  # written before the binding
+        ("args.gpu = 1\nadopt(other)\nHERE", "args.gpu", None),  # handed something else
+        ("args.gpu = 1\nsetattr(args, k, 2)\nHERE", "args.gpu", "setattr"),
+        ("args.gpu = 1\nHERE\nadopt(args)", "args.gpu", None),  # after the point asked about
+        ("gpu = 1\nadopt(gpu)\nHERE", "gpu", None),  # a local: no call rebinds it
+    ],
+)
+def test_rewritten_before_names_the_call_that_may_rebind_an_attribute(
+    tmp_path: pathlib.Path, body: str, name: str, writer: Optional[str]
+) -> None:
+    lines = textwrap.indent(body.replace("HERE", "mark()"), "    ")
+    text = "from slots import adopt, show\nfrom vendor import tune\n\ndef main(args, other, k):\n" + lines + "\n"
+    model = _project(tmp_path, {**REWRITES, "train.py": text}, "train.py")
+    here = _call(model, "mark")
+    found = summaries.rewritten_before(model, name, here.order, here.function)
+    assert (found.dotted if found is not None else None) == writer
+
+
+def test_rewritten_before_follows_inherited_methods_across_modules(tmp_path: pathlib.Path) -> None:
+    text = (
+        "from base import Job\n\nclass Trainer(Job):\n"
+        "    def __init__(self):\n        self.local_rank = 1\n        self.claim()\n        mark()\n\n"
+        "class Evaluator(Job):\n"
+        "    def __init__(self):\n        self.local_rank = 1\n        self.report()\n        mark()\n"
+    )
+    model = _project(tmp_path, {**REWRITES, "train.py": text}, "train.py")
+    trainer, evaluator = (c for c in model.calls if c.dotted == "mark")
+    found = summaries.rewritten_before(model, "self.local_rank", trainer.order, trainer.function)
+    assert found is not None and found.dotted == "self.claim"
+    assert summaries.rewritten_before(model, "self.local_rank", evaluator.order, evaluator.function) is None

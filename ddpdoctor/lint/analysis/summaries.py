@@ -432,6 +432,113 @@ def runs_backward(model: ModuleModel, call: Call) -> bool:
     return call.attr == "backward" or BACKWARD in call_effects(model, call, 1)
 
 
+# ------------------------------------------------------------------ who else writes a value a fix relies on
+
+ANY_ATTRIBUTE = "*"  # `setattr(args, name, value)`, `vars(args).update(...)`: any attribute may change
+
+
+def attribute_writes(model: ModuleModel, function: Function, depth: int = 0) -> frozenset[tuple[str, str]]:
+    """The attributes of its parameters that calling `function` may rebind for its caller, as
+    (parameter, attribute): `args.gpu = ...` on a parameter `args` (`self.device = ...` in a
+    method), `setattr(args, ...)` and `vars(args).update(...)` (ANY_ATTRIBUTE), and what the project
+    functions it hands a parameter on to write on it (`_adopt(args)`), in any module, up to
+    EFFECT_DEPTH calls deep. A parameter handed to a call the analysis cannot follow is not counted
+    here: `rewritten_before` asks that of the call it starts from."""
+
+    def compute() -> frozenset[tuple[str, str]]:
+        params = set(function.params)
+        out: set[tuple[str, str]] = set()
+        for assignment in model.assignments:
+            if assignment.function is not function or assignment.kind not in ("assign", "annassign", "augassign", "unpack", "for", "with"):
+                continue
+            holder, _, attribute = assignment.target.partition(".")
+            if attribute and holder in params:
+                out.add((holder, attribute.partition(".")[0]))
+        for call in function.calls:
+            for param in params:
+                if _writes_through(call, param):
+                    out.add((param, ANY_ATTRIBUTE))
+            if depth >= EFFECT_DEPTH:
+                continue
+            for other, callee in callees(model, call):
+                for param in params:
+                    for inner in _receiving(call, callee, param):
+                        out.update((param, attribute) for written, attribute in attribute_writes(other, callee, depth + 1) if written == inner)
+        return frozenset(out)
+
+    return model.memoized(("attribute_writes", id(function), depth), compute, frozenset())
+
+
+def _writes_through(call: Call, holder: str) -> bool:
+    """`setattr(holder, ...)`, `vars(holder).update(...)`, `holder.__dict__.update(...)`."""
+    if call.dotted == "setattr" and call.args and dotted_name(call.args[0].value) == holder:
+        return True
+    receiver = call.receiver
+    if call.attr == "update" and receiver is not None:
+        if dotted_name(receiver) == f"{holder}.__dict__":
+            return True
+        if isinstance(receiver, cst.Call) and dotted_name(receiver.func) == "vars" and receiver.args:
+            return dotted_name(receiver.args[0].value) == holder
+    return False
+
+
+def _receiving(call: Call, callee: Function, holder: str) -> list[str]:
+    """The parameters of `callee` that `call` binds to the object named `holder`: an argument that
+    is it (by position or keyword), or the receiver of a method call (`holder.setup()` binds `self`)."""
+    out: list[str] = []
+    receiver = dotted_name(call.receiver) if call.receiver is not None else None
+    method = callee.klass is not None and bool(callee.params) and callee.params[0] in ("self", "cls")
+    if receiver == holder and method:
+        out.append(callee.params[0])
+    for param in callee.params:
+        argument = argument_for(call, callee, param) if not (method and param == callee.params[0]) else None
+        if argument is not None and dotted_name(argument) == holder:
+            out.append(param)
+    return out
+
+
+def rewritten_before(model: ModuleModel, name: str, order: int, function: Optional[Function]) -> Optional[Call]:
+    """A call that may rebind the attribute `name` (`args.gpu`, `self.local_rank`) after the
+    assignment that reaches `order` and before `order`, in `function`'s own body: it is handed the
+    object that holds it (`adopt_slot(args)`, `self.setup()`) and either a project function it
+    invokes (any module, base classes included) writes that attribute, or the analysis cannot follow
+    it (neither torch's, Horovod's, a builtin, nor a project function). A fix that reads `name` there
+    is certain only when this is None. None for a plain variable: no call rebinds a function's local."""
+    holder, dot, attribute = name.rpartition(".")
+    if not dot:
+        return None
+    reaching = model.reaching_assignments(name, order, function)
+    if not reaching:
+        return None
+    start = min(a.order for a in reaching)
+    prefixes = {holder, *(holder.rsplit(".", n)[0] for n in range(1, holder.count(".") + 1))}
+    for call in model.scope_calls(function):
+        if not start < call.order < order:
+            continue
+        receiver = dotted_name(call.receiver) if call.receiver is not None else None
+        handed = {dotted_name(a.value) for a in call.args} | {receiver}
+        if not handed & prefixes and not any(_writes_through(call, p) for p in prefixes):
+            continue
+        if _writes_through(call, holder) or (handed & prefixes) - {holder}:
+            return call  # an enclosing object handed over (`self` for `self.cfg.gpu`): anything goes
+        found = callees(model, call)
+        if not found:
+            if _harmless(call):
+                continue
+            return call
+        for other, callee in found:
+            written = attribute_writes(other, callee)
+            if any((param, attribute) in written or (param, ANY_ATTRIBUTE) in written for param in _receiving(call, callee, holder)):
+                return call
+    return None
+
+
+def _harmless(call: Call) -> bool:
+    """A call into torch, Horovod or a builtin (`print(args)`, `isinstance(args, ...)`): it rebinds
+    nothing of what it is handed."""
+    return (call.name or "").split(".")[0] in ("torch", "horovod") or (call.name is None and call.dotted in _BUILTINS)
+
+
 def handed_to_unfollowed(model: ModuleModel, names: frozenset[str]) -> Optional[Call]:
     """A call that runs here and is handed one of the variables `names` (`make_scheduler(optimizer,
     cfg)`) while the analysis cannot see what it does with it: the callee is neither torch's,
@@ -443,7 +550,7 @@ def handed_to_unfollowed(model: ModuleModel, names: frozenset[str]) -> Optional[
             continue
         if not any(dotted_name(arg.value) in names for arg in call.args):
             continue
-        if (call.name or "").split(".")[0] in ("torch", "horovod") or (call.name is None and call.dotted in _BUILTINS):
+        if _harmless(call):
             continue  # `print(optimizer)`, `isinstance(optimizer, ...)` write no rate
         if not callees(model, call):
             return call
