@@ -413,3 +413,72 @@ def test_rewritten_before_follows_inherited_methods_across_modules(tmp_path: pat
     found = summaries.rewritten_before(model, "self.local_rank", trainer.order, trainer.function)
     assert found is not None and found.dotted == "self.claim"
     assert summaries.rewritten_before(model, "self.local_rank", evaluator.order, evaluator.function) is None
+
+
+HOLDER = (
+    "class Objective:\n"
+    "    def __init__(self, net, scale=1.0):\n        self.net = net\n        self.scale = scale\n\n"
+    "    def loss(self, x):\n        return self._inner(x) * self.scale\n\n"
+    "    def _inner(self, x):\n        return self.net(x).sum()\n\n"
+    "    def describe(self):\n        return str(self.scale)\n\n"
+    "class Module(Objective):\n    def forward(self, x):\n        return self.net.forward(x)\n"
+)
+
+
+def test_forwarded_attributes_follow_the_class_methods_and_call_means_forward(tmp_path: pathlib.Path) -> None:
+    model = _project(tmp_path, {"objective.py": HOLDER, "train.py": "from objective import Objective\n"}, "train.py")
+    other = model.project_model(tmp_path / "objective.py")
+    assert other is not None
+    assert "net" in summaries.forwarded_attributes(other, "Objective", "loss")  # through self._inner
+    assert "net" not in summaries.forwarded_attributes(other, "Objective", "describe")
+    assert summaries.forwarded_attributes(other, "Objective", "__call__") == frozenset()  # no forward, no __call__
+    assert summaries.forwarded_attributes(other, "Module", "__call__") == {"net"}  # nn.Module: __call__ is forward
+    assert "net" in summaries.forwarded_attributes(other, "Module", "loss")  # inherited
+
+
+DDP_NAME = "torch.nn.parallel.DistributedDataParallel"
+
+
+@pytest.mark.parametrize(
+    ("body", "stale"),
+    [
+        ("net = net.cuda()\nobj = Objective(net)\nnet = DDP(net)\nobj.loss(x)", True),
+        ("obj = Objective(net)\nnet = DDP(net.cuda())\nobj.loss(x)", True),  # .cuda() moves the same object
+        ("obj = Objective(net=net)\nnet = DDP(net)\nobj.loss(x)", True),  # by keyword
+        ("obj = Module(net)\nnet = DDP(net)\nobj(x)", True),  # the holder's own forward
+        ("obj = Objective(net)\nnet = DDP(net)\nobj.describe()", False),  # runs no forward of it
+        ("net = DDP(net)\nobj = Objective(net)\nobj.loss(x)", False),  # built after: holds the wrapper
+        ("obj = Objective(net)\nnet = DDP(net)\nobj.net = net\nobj.loss(x)", False),  # refreshed
+        ("obj = Objective(net)\nddp = DDP(net)\nobj.loss(x)", False),  # `net` is not rebound
+        ("obj = Objective(net)\nobj.loss(x)\nnet = DDP(net)", False),  # used before the wrap
+        ("obj = Objective(other)\nnet = DDP(net)\nobj.loss(x)", False),  # holds something else
+    ],
+)
+def test_stale_holders_find_a_holder_built_before_the_name_was_rebound(
+    tmp_path: pathlib.Path, body: str, stale: bool
+) -> None:
+    text = (
+        "from torch.nn.parallel import DistributedDataParallel as DDP\nfrom objective import Objective, Module\n\n"
+        "def main(net, other, x):\n" + textwrap.indent(body, "    ") + "\n"
+    )
+    model = _project(tmp_path, {"objective.py": HOLDER, "train.py": text}, "train.py")
+    found = summaries.stale_holders(model, (DDP_NAME,))
+    assert [(s.holder, s.wrapped, s.attribute) for s in found] == ([("obj", "net", "net")] if stale else [])
+
+
+def test_stale_holders_see_self_attributes_across_the_methods_of_the_class(tmp_path: pathlib.Path) -> None:
+    text = (
+        "from torch.nn.parallel import DistributedDataParallel as DDP\nfrom objective import Objective\n\n"
+        "class Trainer:\n"
+        "    def __init__(self, net):\n        self.model = net\n        self.objective = Objective(self.model)\n"
+        "        self.model = DDP(self.model)\n\n"
+        "    def step(self, x):\n        return self.objective.loss(x)\n\n"
+        "class Rebuilt(Trainer):\n"
+        "    def __init__(self, net):\n        self.model = net\n        self.obj2 = Objective(self.model)\n"
+        "        self.model = DDP(self.model)\n\n"
+        "    def reset(self):\n        self.obj2 = Objective(self.model)\n\n"
+        "    def step(self, x):\n        return self.obj2.loss(x)\n"
+    )
+    model = _project(tmp_path, {"objective.py": HOLDER, "train.py": text}, "train.py")
+    found = summaries.stale_holders(model, (DDP_NAME,))
+    assert [(s.holder, model.line_of(s.use.node)) for s in found] == [("self.objective", 11)]

@@ -432,6 +432,120 @@ def runs_backward(model: ModuleModel, call: Call) -> bool:
     return call.attr == "backward" or BACKWARD in call_effects(model, call, 1)
 
 
+# ------------------------------------------------------------------ holders of a module that was wrapped later
+
+
+def forwarded_attributes(model: ModuleModel, klass: str, name: str, depth: int = 0) -> frozenset[str]:
+    """The `self.` attributes whose forward the method `name` of the class `klass` (a top-level class
+    of `model`'s module; inherited methods found through its bases, across modules) runs:
+    `self.net(x)`, `self.net.forward(x)`, also through the class's methods it calls on `self`
+    (`self._noise_loss(x)`), a few calls deep. `name` "__call__" on a class that does not define it
+    is its `forward` (an `nn.Module` subclass)."""
+    found = method_of(model, klass, name)
+    if found is None and name == "__call__":
+        found = method_of(model, klass, "forward")
+    if found is None:
+        return frozenset()
+    other, method = found
+
+    def compute() -> frozenset[str]:
+        out: set[str] = set()
+        for call in method.calls:
+            written = dotted_name(call.node.func) or ""
+            parts = written.split(".")
+            if parts[0] != "self" or len(parts) not in (2, 3) or (len(parts) == 3 and parts[2] != "forward"):
+                continue
+            out.add(parts[1])
+            if len(parts) == 2 and depth < EFFECT_DEPTH and method.klass is not None:
+                out |= forwarded_attributes(other, method.klass, parts[1], depth + 1)
+        return frozenset(out)
+
+    return other.memoized(("forwarded_attributes", id(method), depth), compute, frozenset())
+
+
+@dataclass(frozen=True)
+class StaleHolder:
+    """`self.objective = DenoisingObjective(self.model)` before `self.model =
+    DistributedDataParallel(self.model)`: the holder keeps the raw module in `attribute`, so a forward
+    run through it (`use`) bypasses the wrapper."""
+
+    use: Call  # the call that runs the holder: `self.objective.loss(x)`, `self.objective(x)`
+    holder: str  # `self.objective`
+    built: Call  # `DenoisingObjective(self.model)`
+    wrap: Call  # `DistributedDataParallel(self.model, ...)`
+    wrapped: str  # `self.model`
+    attribute: str  # the holder's attribute that keeps the raw module (`net`)
+
+
+def stale_holders(model: ModuleModel, wrapper_names: tuple[str, ...]) -> list[StaleHolder]:
+    """Calls that run a forward through a holder object built from a module before the module's
+    name was rebound to a wrapper (`wrapper_names`, DDP's qualified name): the holder is an object
+    of a project class (any module) whose `__init__` keeps the argument in an attribute
+    (`self.net = net`) that the called method runs (`self.net(x)`). Not when the holder is built
+    after the wrap (it then holds the wrapper), rebuilt anywhere else, or its attribute is assigned
+    anywhere in this module (`self.objective.net = self.model` after wrapping refreshes it)."""
+    out: list[StaleHolder] = []
+    for wrap in model.calls_named(*wrapper_names):
+        inner = wrap.arg(0, "module")
+        while isinstance(inner, cst.Call) and isinstance(inner.func, cst.Attribute) and inner.func.attr.value in ("cuda", "to"):
+            inner = inner.func.value  # `DDP(model.cuda())` wraps the very object `model` names
+        wrapped = dotted_name(inner)
+        if wrapped is None or not any(a.target == wrapped for a in model.assignments_of(wrap.node)):
+            continue  # not `model = DDP(model)`: the old name still means the raw module, on purpose
+        for built in model.scope_calls(wrap.function):
+            if built.order >= wrap.order or not any(dotted_name(a.value) == wrapped for a in built.args):
+                continue
+            holders = [a for a in model.assignments_of(built.node) if a.kind in ("assign", "annassign")]
+            written = dotted_name(built.node.func)
+            found = model.project_class(written) if written is not None and len(holders) == 1 else None
+            if found is None:
+                continue
+            holder = holders[0].target
+            if len(model.assignments_to(holder)) != 1:
+                continue  # rebuilt somewhere: it may be rebuilt from the wrapper
+            init = method_of(found[0], found[1], "__init__")  # its own, or a base class's
+            if init is None or init[1].klass is None:
+                continue
+            kept = [
+                attribute[len("self."):]
+                for attribute, param in constructor_stores(init[0], init[1].klass).items()
+                if dotted_name(argument_for(built, init[1], param)) == wrapped
+            ]
+            kept = [k for k in kept if not model.assignments_to(f"{holder}.{k}")]
+            if not kept:
+                continue
+            for use in _holder_runs(model, holder, built, wrap):
+                method = "__call__" if use.receiver is None else use.attr or ""
+                forwarded = forwarded_attributes(found[0], found[1], method)
+                for attribute in kept:
+                    if attribute in forwarded:
+                        out.append(StaleHolder(use, holder, built, wrap, wrapped, attribute))
+                        break
+    return out
+
+
+def _holder_runs(model: ModuleModel, holder: str, built: Call, wrap: Call) -> list[Call]:
+    """The calls of the holder (`holder(x)`) or of a method of it (`holder.loss(x)`) that see the
+    holder built by `built` after the wrap: anywhere in the class for a `self.` attribute, later
+    in the same function for a variable."""
+    out: list[Call] = []
+    for call in model.calls:
+        if call.receiver is not None:
+            if dotted_name(call.receiver) != holder:
+                continue
+        elif call.dotted != holder:
+            continue
+        if holder.startswith("self."):
+            if call.function is None or wrap.function is None or call.function.klass != wrap.function.klass:
+                continue
+            if call.function is wrap.function and call.order < wrap.order:
+                continue
+        elif call.function is not wrap.function or call.order < wrap.order:
+            continue
+        out.append(call)
+    return out
+
+
 # ------------------------------------------------------------------ who else writes a value a fix relies on
 
 ANY_ATTRIBUTE = "*"  # `setattr(args, name, value)`, `vars(args).update(...)`: any attribute may change
