@@ -162,16 +162,16 @@ def test_a_method_call_links_to_the_class_of_another_project_module(tmp_path: pa
     )
     model = model_in_project(tmp_path, ("engine.py", TRAINER_CLASS), source)
     calls = {model.code_of(c.node): c for c in model.calls}
-    linked = model.linked_method(calls["trainer.fit_epoch(0)"])
+    linked = summaries.linked_method(model, calls["trainer.fit_epoch(0)"])
     assert linked is not None
     other, found, constructor = linked
     assert pathlib.Path(other.path).name == "engine.py" and found.qualname == "Trainer.fit_epoch"
     assert model.code_of(constructor.node) == "Trainer(net, loader, None)"
     # a method the class does not define, and an object not built from a project class
-    assert model.linked_method(calls["trainer.missing(0)"]) is None
-    assert model.linked_method(calls["other.fit_epoch(0)"]) is None
+    assert summaries.linked_method(model, calls["trainer.missing(0)"]) is None
+    assert summaries.linked_method(model, calls["other.fit_epoch(0)"]) is None
     # without a project nothing is linked
-    assert build_analysis(cst.parse_module(source)).linked_method(calls["trainer.fit_epoch(0)"]) is None
+    assert summaries.linked_method(build_analysis(cst.parse_module(source)), calls["trainer.fit_epoch(0)"]) is None
 
 
 DATA_HELPERS = textwrap.dedent(
@@ -219,7 +219,7 @@ def test_a_name_bound_to_a_project_helpers_return(tmp_path: pathlib.Path) -> Non
 
     def bound(name: str) -> Optional[tuple[str, Optional[int], str]]:
         expr = next(arg.value for arg in use.node.args if model.code_of(arg.value) == name)
-        found = model.returned_by_project_helper(expr, use.order, use.function)
+        found = summaries.returned_by_project_helper(model, expr, use.order, use.function)
         return None if found is None else (found[1].name, found[2], found[3])
 
     assert bound("a") == ("loaders", 0, "a")
@@ -482,3 +482,60 @@ def test_stale_holders_see_self_attributes_across_the_methods_of_the_class(tmp_p
     model = _project(tmp_path, {"objective.py": HOLDER, "train.py": text}, "train.py")
     found = summaries.stale_holders(model, (DDP_NAME,))
     assert [(s.holder, model.line_of(s.use.node)) for s in found] == [("self.objective", 11)]
+
+
+def test_a_loader_a_project_helper_built_on_a_shuffling_sampler(tmp_path: pathlib.Path) -> None:
+    source = (
+        "from data import loaders, one_loader, ordered\n"
+        "a, s, v = loaders(cfg, ds)\nb = ordered(ds)\nc = one_loader(ds)\nuse(a, s, v, b, c)\n"
+    )
+    model = model_in_project(tmp_path, ("data.py", DATA_HELPERS), source)
+    use = _call(model, "use")
+    found = {
+        model.code_of(arg.value): summaries.helper_built_shuffled_loader(model, arg.value, use.order, use.function)
+        for arg in use.args
+    }
+    a, c = found.pop("a"), found.pop("c")
+    assert a is not None and (a[1].name, a[3], a[0].line_of(a[2].node)) == ("loaders", "a", 6)
+    assert c is not None and (c[1].name, c[3]) == ("one_loader", "c")
+    assert found == {"s": None, "v": None, "b": None}  # the sampler, an unsampled and an ordered loader
+
+
+EPOCH_HELPERS = (
+    "def start_epoch(loader, epoch):\n    loader.sampler.set_epoch(epoch)\n\n"
+    "def run_epoch(model, loader, optimizer):\n    for x in loader:\n        model(x).sum().backward()\n\n"
+    "def log(loader, epoch):\n    print(epoch)\n"
+)
+
+
+def test_calls_into_another_module_that_reseed_or_draw(tmp_path: pathlib.Path) -> None:
+    source = (
+        "from engine import start_epoch, run_epoch, log\n"
+        "start_epoch(dl, 1)\nrun_epoch(net, dl, opt)\nrun_epoch(net, optimizer=opt, loader=other)\nlog(dl, 1)\nlocal(dl)\n"
+    )
+    model = model_in_project(tmp_path, ("engine.py", EPOCH_HELPERS), source)
+    calls = {model.code_of(c.node): c for c in model.calls}
+    setter = summaries.called_epoch_setter(model, calls["start_epoch(dl, 1)"])
+    assert setter is not None and (setter[0].name, setter[1]) == ("start_epoch", {"loader"})
+    assert summaries.called_epoch_setter(model, calls["log(dl, 1)"]) is None
+    assert summaries.called_epoch_setter(model, calls["local(dl)"]) is None
+    drawn = summaries.drawn_arguments(model, calls["run_epoch(net, dl, opt)"])
+    assert [(f.name, model.code_of(a)) for f, a in drawn] == [("run_epoch", "dl")]
+    by_keyword = summaries.drawn_arguments(model, calls["run_epoch(net, optimizer=opt, loader=other)"])
+    assert [model.code_of(a) for _, a in by_keyword] == ["other"]
+    assert summaries.drawn_arguments(model, calls["start_epoch(dl, 1)"]) == []
+
+
+def test_a_trainer_of_another_module_that_reseeds_or_draws_what_it_was_given(tmp_path: pathlib.Path) -> None:
+    reseeding = TRAINER_CLASS + "\n    def begin(self, epoch):\n        self.sampler.set_epoch(epoch)\n"
+    source = "from engine import Trainer\ntrainer = Trainer(net, loader, None)\ntrainer.fit_epoch(0)\ntrainer.evaluate()\n"
+    model = model_in_project(tmp_path, ("engine.py", TRAINER_CLASS), source)
+    fit, evaluate = (c for c in model.calls if c.attr in ("fit_epoch", "evaluate"))
+    found = summaries.trainer_drawn_params(model, fit)
+    assert found is not None and model.code_of(found[0].node) == "Trainer(net, loader, None)"
+    assert (found[1].qualname, sorted(found[2])) == ("Trainer.__init__", ["train_dl", "valid_dl"])
+    assert summaries.trainer_drawn_params(model, evaluate) is None  # its loop trains nothing
+    assert not summaries.trainer_sets_epoch(model, fit)
+    model = model_in_project(tmp_path, ("engine.py", reseeding), source)
+    fit = next(c for c in model.calls if c.attr == "fit_epoch")
+    assert summaries.trainer_sets_epoch(model, fit)

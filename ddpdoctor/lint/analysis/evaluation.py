@@ -24,7 +24,7 @@ import libcst as cst
 from ddpdoctor.lint.analysis.model import MAX_DEPTH, Call, Function, Guard, Loop, ModuleModel, SubscriptStore, mentions
 from ddpdoctor.lint.analysis.ranks import Runs, who_runs
 from ddpdoctor.lint.analysis.sharding import DATA_LOADER, loader_split_across_ranks
-from ddpdoctor.lint.analysis.summaries import mentions_rank
+from ddpdoctor.lint.analysis.summaries import linked_method, mentions_rank
 from ddpdoctor.lint.analysis.syntax import contains, dotted_name, last_segment, walk
 
 # Collectives that combine a value across the ranks.
@@ -268,7 +268,7 @@ def reduces(model: ModuleModel, call: Call, depth: int = 0) -> bool:
             other, helper = linked
             if any(reduces(other, inner, depth + 1) for inner in helper.calls):
                 return True
-    method = model.linked_method(call)
+    method = linked_method(model, call)
     if method is not None:
         # `self.metric.update(...)` on another module's class whose method all-reduces its counts.
         other, helper, _ = method

@@ -18,7 +18,7 @@ import libcst as cst
 
 from ddpdoctor.lint.analysis.devices import device_pin_calls, visible_devices_writes
 from ddpdoctor.lint.analysis.launch import HOROVOD_SIZE_CALLS, mentions_calls, runs_in_module
-from ddpdoctor.lint.analysis.model import Call, Expr, Function, Loop, ModuleModel, mentions
+from ddpdoctor.lint.analysis.model import MAX_DEPTH, Call, Expr, Function, Loop, ModuleModel, mentions
 from ddpdoctor.lint.analysis.ranks import decided_by_guards, rank_kind
 from ddpdoctor.lint.analysis.stepping import clears_before
 from ddpdoctor.lint.analysis.syntax import contains, dotted_name, mentions_identifier
@@ -204,6 +204,138 @@ def epoch_set_params(model: ModuleModel, function: Function) -> set[str]:
     return out
 
 
+# ------------------------------------------------------------------ loaders and trainers of other project modules
+
+
+def linked_method(model: ModuleModel, call: Call) -> Optional[tuple[ModuleModel, Function, Call]]:
+    """`trainer.train_epoch(...)` where `trainer` was built here by `Trainer(...)`, a class that
+    another project module defines: that module's model, the method (defined in the class's own
+    body; an inherited one is not followed) and the constructor call. None otherwise."""
+    if model.project is None or call.attr is None or call.receiver is None:
+        return None
+
+    def compute() -> Optional[tuple[ModuleModel, Function, Call]]:
+        assert call.receiver is not None
+        for origin in model.origin_calls(call.receiver, call.order, call.function):
+            written = dotted_name(origin.node.func)
+            found = model.project_class(written) if written is not None else None
+            if found is None or found[0] is model:
+                continue
+            other, klass = found
+            for method in other.class_methods(klass):
+                if method.name == call.attr:
+                    return other, method, origin
+        return None
+
+    return model.memoized(("linked_method", id(call)), compute, None)
+
+
+def returned_by_project_helper(
+    model: ModuleModel, expr: Expr, order: int, function: Optional[Function], depth: int = 0
+) -> Optional[tuple[ModuleModel, Function, Optional[int], str]]:
+    """`train_loader` bound by `train_loader, sampler, val = get_loaders(opt)` (or `train_loader =
+    build_loader(opt)`, or `data.train_loader()` on an object of another module's class: a getter)
+    where the call is of another project module's function: that module's model, the function, the
+    position in its returned tuple (None when the value is bound whole) and the name bound to it,
+    seen through an iteration wrapper (`progress = tqdm(train_loader)`). None when the name has
+    another assignment that may reach here."""
+    name = dotted_name(expr)
+    if name is None:
+        return None
+    assignments = model.reaching_assignments(name, order, function)
+    if len(assignments) != 1:
+        return None
+    (assignment,) = assignments
+    position: Optional[int] = None
+    value = assignment.value
+    if assignment.unpacked is not None:
+        value, position = assignment.unpacked
+    elif assignment.kind != "assign":
+        return None
+    call = model.call_of(value) if isinstance(value, cst.Call) else None
+    if call is None:
+        return None
+    if position is None and depth < MAX_DEPTH:
+        # `progress = tqdm(train_loader)`: what the wrapper iterates.
+        wrapped = model.iterated_exprs(value)
+        if len(wrapped) == 1 and wrapped[0] is not value:
+            return returned_by_project_helper(model, wrapped[0], assignment.order, assignment.function, depth + 1)
+    linked = model.linked_function(call)
+    if linked is None and call.attr is not None and call.receiver is not None:
+        method = linked_method(model, call)
+        linked = (method[0], method[1]) if method is not None else None
+    if linked is None:
+        return None
+    return linked[0], linked[1], position, name
+
+
+def helper_built_shuffled_loader(
+    model: ModuleModel, expr: Expr, order: int, function: Optional[Function]
+) -> Optional[tuple[ModuleModel, Function, Call, str]]:
+    """The loader `expr` (where it is evaluated) is one that another project module's function
+    built on a shuffling DistributedSampler and handed back (`train_loader, train_sampler,
+    val_loader = get_loaders(opt)`): that module's model, the function, the sampler and the name
+    bound here."""
+    built = returned_by_project_helper(model, expr, order, function)
+    if built is None:
+        return None
+    other, helper, position, name = built
+    sampler = returned_shuffled_loaders(other, helper).get(position)
+    return (other, helper, sampler, name) if sampler is not None else None
+
+
+def drawn_arguments(model: ModuleModel, call: Call) -> list[tuple[Function, Expr]]:
+    """What a call of another project module's function passes for the parameters its training
+    loop draws batches from (`run_epoch(model, optimizer, train_loader)`): that function with each
+    such argument."""
+    if not model.may_link(call):
+        return []  # cheap test first: linking reads and parses the other module
+    linked = model.linked_function(call)
+    if linked is None:
+        return []
+    other, helper = linked
+    out: list[tuple[Function, Expr]] = []
+    for param in drawn_params(other, helper):
+        argument = argument_for(call, helper, param)
+        if argument is not None:
+            out.append((helper, argument))
+    return out
+
+
+def called_epoch_setter(model: ModuleModel, call: Call) -> Optional[tuple[Function, frozenset[str]]]:
+    """The function of another project module that `call` invokes, when it calls `set_epoch` on some
+    of its parameters (`data.start_epoch(loader, epoch)`), with those parameters."""
+    linked = model.linked_function(call)
+    if linked is None:
+        return None
+    params = epoch_set_params(*linked)
+    return (linked[1], frozenset(params)) if params else None
+
+
+def trainer_sets_epoch(model: ModuleModel, call: Call) -> bool:
+    """`trainer.run_epoch(epoch)` on an object of another project module's class that calls
+    set_epoch somewhere (it may well be the sampler of the loader its constructor was given)."""
+    method = linked_method(model, call)
+    return method is not None and class_sets_epoch(method[0], method[1].klass or "")
+
+
+def trainer_drawn_params(model: ModuleModel, call: Call) -> Optional[tuple[Call, Function, list[str]]]:
+    """`trainer.train_epoch(epoch)` on an object of another project module's class whose method's
+    training loop draws from a loader the constructor was given (`Trainer(model, train_dl=loader)`
+    whose `__init__` keeps it as `self.train_dataloader`, which `train_epoch` iterates): the
+    constructor call, the class's `__init__` and the constructor parameters drawn from."""
+    linked = linked_method(model, call)
+    if linked is None:
+        return None
+    other, method, built = linked
+    init = constructor(other, method.klass or "")
+    if init is None:
+        return None
+    stored = constructor_stores(other, method.klass or "")
+    params = [param for attribute in drawn_attributes(other, method) if (param := stored.get(attribute)) is not None]
+    return (built, init, params) if params else None
+
+
 def gradients_cleared_before(model: ModuleModel, backward: Call, loop: Union[Loop, Function]) -> bool:
     """A `zero_grad()` (of any optimizer or model) runs in the same iteration of `loop` as
     `backward`, before it, under no condition the backward does not share: what earlier iterations'
@@ -363,7 +495,7 @@ def callees(model: ModuleModel, call: Call) -> list[tuple[ModuleModel, Function]
             return [inherited] if inherited is not None else []
         if model.project is None:
             return out
-        method = model.linked_method(call)
+        method = linked_method(model, call)
         if method is not None:
             return [(method[0], method[1])]
         for origin in model.origin_calls(call.receiver, call.order, call.function):
