@@ -539,3 +539,62 @@ def test_a_trainer_of_another_module_that_reseeds_or_draws_what_it_was_given(tmp
     model = model_in_project(tmp_path, ("engine.py", reseeding), source)
     fit = next(c for c in model.calls if c.attr == "fit_epoch")
     assert summaries.trainer_sets_epoch(model, fit)
+
+
+CHECKPOINTS = (
+    "import torch\nimport torch.distributed as dist\n\n"
+    "def save_to(state, path):\n    torch.save(state, path)\n\n"
+    "def save_last(state):\n    torch.save(state, 'last.pt')\n\n"
+    "def save_main(state, path):\n    if dist.get_rank() == 0:\n        torch.save(state, path)\n"
+)
+
+
+def test_called_unguarded_save_names_the_helper_and_the_path_argument(tmp_path: pathlib.Path) -> None:
+    source = "from ckpt import save_to, save_last, save_main\nsave_to(s, 'a.pt')\nsave_to(s)\nsave_last(s)\nsave_main(s, 'b.pt')\n"
+    model = model_in_project(tmp_path, ("ckpt.py", CHECKPOINTS), source)
+    calls = [c for c in model.calls if c.dotted is not None and c.dotted.startswith("save_")]
+    found = [summaries.called_unguarded_save(model, c) for c in calls]
+    shown = [None if f is None else (f[1].name, f[0].line_of(f[2].node), f[3] is not None and model.code_of(f[3])) for f in found]
+    assert shown == [("save_to", 5, "'a.pt'"), None, ("save_last", 8, False), None]  # no path given; rank 0 only
+
+
+GRADIENTS = (
+    "import torch\n\n"
+    "def clip(model):\n    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)\n\n"
+    "def clip_unscaled(model, scaler, opt):\n    scaler.unscale_(opt)\n    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)\n\n"
+    "def unscale(scaler, opt):\n    scaler.unscale_(opt)\n"
+)
+
+
+def test_clipping_callees_and_unscaling_calls_here_or_in_another_module(tmp_path: pathlib.Path) -> None:
+    source = (
+        "from grads import clip, clip_unscaled, unscale\n\n"
+        "def local_clip(m):\n    clip(m)\n\n"
+        "clip(net)\nclip_unscaled(net, sc, o)\nunscale(sc, o)\nlocal_clip(net)\nsc.unscale_(o)\nother(net)\n"
+    )
+    model = model_in_project(tmp_path, ("grads.py", GRADIENTS), source)
+    top = [c for c in model.calls if c.function is None]
+    assert [f.name for _, f in summaries.local_or_linked(model, top[0])] == ["clip"]
+    assert [f.name for _, f in summaries.local_or_linked(model, top[3])] == ["local_clip"]  # this module's first
+    assert summaries.local_or_linked(model, top[5]) == []
+    clipping = [[(f.name, sorted(c.params)) for _, f, c in summaries.clipping_callees(model, call)] for call in top]
+    assert clipping == [[("clip", ["model"])], [], [], [], [], []]  # clip_unscaled unscales first
+    assert [summaries.call_unscales(model, call) for call in top] == [False, True, True, False, True, False]
+
+
+def test_called_unpinned_group_and_called_collectives(tmp_path: pathlib.Path) -> None:
+    helpers = (
+        "import os\nimport torch\nimport torch.distributed as dist\n\n"
+        "def setup():\n    dist.init_process_group('nccl')\n\n"
+        "def setup_pinned():\n    dist.init_process_group('nccl')\n    torch.cuda.set_device(int(os.environ['LOCAL_RANK']))\n\n"
+        "def setup_gloo():\n    dist.init_process_group('gloo')\n\n"
+        "def sync(t):\n    dist.barrier()\n    if dist.get_rank() == 0:\n        dist.broadcast(t, 0)\n    dist.all_reduce(t)\n"
+    )
+    source = "from dist_utils import setup, setup_pinned, setup_gloo, sync\nsetup()\nsetup_pinned()\nsetup_gloo()\nsync(x)\n"
+    model = model_in_project(tmp_path, ("dist_utils.py", helpers), source)
+    calls = [c for c in model.calls if c.function is None]
+    groups = [summaries.called_unpinned_group(model, c) for c in calls]
+    assert [None if g is None else g[0].line_of(g[1].node) for g in groups] == [6, None, None, None]
+    reached = [[(name, other.line_of(inner.node)) for other, inner, name in summaries.called_collectives(model, c)] for c in calls]
+    assert reached[3] == [("torch.distributed.barrier", 16), ("torch.distributed.all_reduce", 19)]  # not the rank-0 broadcast
+    assert reached[:3] == [[], [], []]

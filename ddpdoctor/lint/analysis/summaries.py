@@ -17,7 +17,8 @@ from typing import Iterator, Optional, Union
 import libcst as cst
 
 from ddpdoctor.lint.analysis.devices import device_pin_calls, visible_devices_writes
-from ddpdoctor.lint.analysis.launch import HOROVOD_SIZE_CALLS, mentions_calls, runs_in_module
+from ddpdoctor.lint.analysis.collectives import collective_name
+from ddpdoctor.lint.analysis.launch import HOROVOD_SIZE_CALLS, INIT_PROCESS_GROUP, mentions_calls, may_create_nccl_group, runs_in_module
 from ddpdoctor.lint.analysis.model import MAX_DEPTH, Call, Expr, Function, Loop, ModuleModel, mentions
 from ddpdoctor.lint.analysis.ranks import decided_by_guards, rank_kind
 from ddpdoctor.lint.analysis.stepping import clears_before
@@ -74,6 +75,28 @@ def unguarded_save(model: ModuleModel, function: Function) -> Optional[tuple[Cal
             continue  # `torch.save(obj, io.BytesIO())`: serialising, not writing a checkpoint
         return call, param
     return None
+
+
+def called_unguarded_save(model: ModuleModel, call: Call) -> Optional[tuple[ModuleModel, Function, Call, Optional[Expr]]]:
+    """A call of another project module's function that runs a `torch.save` on whichever ranks
+    call it (`save_checkpoint(state, path)` in utils/checkpoint.py): that module's model, the
+    function, the save, and what the call passes for the parameter that names the file (None when
+    the file is not named by a parameter). None when it saves nothing unguarded, or when the path
+    parameter is given no argument here."""
+    if (call.name or "").startswith("torch."):
+        return None
+    linked = model.linked_function(call)
+    if linked is None:
+        return None
+    other, helper = linked
+    found = unguarded_save(other, helper)
+    if found is None:
+        return None
+    save, path_param = found
+    if path_param is None:
+        return other, helper, save, None
+    path = argument_for(call, helper, path_param)
+    return (other, helper, save, path) if path is not None else None
 
 
 def drawn_params(model: ModuleModel, function: Function) -> dict[str, Call]:
@@ -390,6 +413,76 @@ def unscales(model: ModuleModel, function: Function, depth: int = 0) -> bool:
         if depth < 2 and any(unscales(model, helper, depth + 1) for helper in model.resolve_local_function(call)):
             return True
     return False
+
+
+def local_or_linked(model: ModuleModel, call: Call) -> list[tuple[ModuleModel, Function]]:
+    """The functions of this module a call may invoke (`helper()`, `self.helper()`), else the
+    top-level function of another project module it calls: the callees the gradient-scaling queries
+    follow (narrower than `callees`, which also follows project classes' methods)."""
+    local = model.resolve_local_function(call)
+    if local:
+        return [(model, f) for f in local]
+    linked = model.linked_function(call)
+    return [linked] if linked is not None else []
+
+
+def clipping_callees(model: ModuleModel, call: Call) -> list[tuple[ModuleModel, Function, Clipping]]:
+    """The functions `call` may invoke (this module's, else another project module's) whose body
+    clips gradients before any `unscale_`, each with its clipping."""
+    out: list[tuple[ModuleModel, Function, Clipping]] = []
+    for other, function in local_or_linked(model, call):
+        found = clipping(other, function)
+        if found is not None and not found.unscales_first:
+            out.append((other, function, found))
+    return out
+
+
+def call_unscales(model: ModuleModel, call: Call) -> bool:
+    """`scaler.unscale_(opt)`, or a helper of this module or another project module that calls it."""
+    if call.attr == "unscale_":
+        return True
+    if any(unscales(model, helper) for helper in model.resolve_local_function(call)):
+        return True
+    linked = model.linked_function(call) if not (call.name or "").startswith("torch.") else None
+    return linked is not None and unscales(*linked)
+
+
+# ------------------------------------------------------------------ process groups and collectives in other modules
+
+
+def called_unpinned_group(model: ModuleModel, call: Call) -> Optional[tuple[ModuleModel, Call]]:
+    """A call of another project module's function that creates an NCCL process group without
+    pinning the GPU in its body (`dist_utils.setup()`): that module's model and the
+    `init_process_group` call."""
+    if not model.may_link(call):
+        return None  # cheap test first: linking reads and parses the other module
+    linked = model.linked_function(call)
+    if linked is None:
+        return None
+    other, function = linked
+    if device_pin_calls(other, function) or visible_devices_writes(other, function):
+        return None
+    for init in function.calls:
+        if init.name == INIT_PROCESS_GROUP and may_create_nccl_group(other, init):
+            return other, init
+    return None
+
+
+def called_collectives(model: ModuleModel, call: Call) -> list[tuple[ModuleModel, Call, str]]:
+    """The collectives that the body of the other project module's function `call` invokes runs
+    under no rank check of its own, in order, each with its module's model and its name."""
+    if (call.name or "").startswith(("torch.", "horovod.")) or not model.may_link(call):
+        return []
+    linked = model.linked_function(call)
+    if linked is None:
+        return []
+    other, function = linked
+    out: list[tuple[ModuleModel, Call, str]] = []
+    for inner in function.calls:
+        name = collective_name(inner)
+        if name is not None and not decided_by_guards(other, inner.ctx.guards):
+            out.append((other, inner, name))
+    return out
 
 
 # ------------------------------------------------------------------ effects: what a call does for its caller
