@@ -598,3 +598,50 @@ def test_called_unpinned_group_and_called_collectives(tmp_path: pathlib.Path) ->
     reached = [[(name, other.line_of(inner.node)) for other, inner, name in summaries.called_collectives(model, c)] for c in calls]
     assert reached[3] == [("torch.distributed.barrier", 16), ("torch.distributed.all_reduce", 19)]  # not the rank-0 broadcast
     assert reached[:3] == [[], [], []]
+
+
+ENGINE_LOOPS = (
+    "import torch\nimport torch.distributed as dist\n\n"
+    "def accumulate(model, loader, opt, accum_steps=4):\n"
+    "    for i, x in enumerate(loader):\n        model(x).sum().backward()\n"
+    "        if (i + 1) % accum_steps == 0:\n            opt.step()\n            opt.zero_grad()\n\n"
+    "def single(model, loader, opt, accum_steps=1):\n"
+    "    for i, x in enumerate(loader):\n        if accum_steps == 1:\n            model(x).sum().backward()\n"
+    "            opt.step()\n            opt.zero_grad()\n\n"
+    "def cleared(model, loader, opt, k):\n"
+    "    for i, x in enumerate(loader):\n        opt.zero_grad()\n        model(x).sum().backward()\n"
+    "        if i % k == 0:\n            opt.step()\n\n"
+    "def nan_exit(model, loader):\n"
+    "    for x in loader:\n        loss = model(x).sum()\n        if torch.isnan(loss):\n            break\n        loss.backward()\n\n"
+    "def agreed_exit(model, loader):\n"
+    "    for x in loader:\n        loss = model(x).sum()\n        flag = torch.isnan(loss).float()\n"
+    "        dist.all_reduce(flag)\n        if flag.item() > 0:\n            break\n        loss.backward()\n"
+)
+
+
+def test_accumulation_summaries_here_and_through_a_call(tmp_path: pathlib.Path) -> None:
+    source = (
+        "from engine import accumulate, single, cleared\n"
+        "accumulate(net, dl, opt)\nsingle(net, dl, opt)\ncleared(net, dl, opt, 4)\naccumulate(loader=dl, opt=opt, model=ddp)\n"
+    )
+    model = model_in_project(tmp_path, ("engine.py", ENGINE_LOOPS), source)
+    other = model.project_model(tmp_path / "engine.py")
+    assert other is not None
+    found = summaries.accumulating_param(other, method(other, "accumulate"))
+    assert found is not None and found[0] == "model" and other.line_of(found[1].test) == 7
+    assert summaries.accumulating_param(other, method(other, "single")) is None  # runs only when accum_steps == 1
+    assert summaries.accumulating_param(other, method(other, "cleared")) is None  # zero_grad before every backward
+    calls = [c for c in model.calls if c.function is None]
+    called = [summaries.called_accumulation(model, c) for c in calls]
+    assert [None if c is None else (c[1], model.code_of(c[3])) for c in called] == [
+        ("model", "net"), None, None, ("model", "ddp")
+    ]
+
+
+def test_called_divergent_exits_name_the_exit_and_the_collective_it_skips(tmp_path: pathlib.Path) -> None:
+    source = "from engine import nan_exit, agreed_exit\nnan_exit(ddp, dl)\nagreed_exit(ddp, dl)\n"
+    model = model_in_project(tmp_path, ("engine.py", ENGINE_LOOPS), source)
+    nan, agreed = (c for c in model.calls if c.function is None)
+    found = summaries.called_divergent_exits(model, nan)
+    assert [(o.line_of(e.node), o.line_of(after.node)) for o, e, after, _ in found] == [(29, 30)]
+    assert summaries.called_divergent_exits(model, agreed) == []  # every rank takes the same decision

@@ -17,11 +17,12 @@ from typing import Iterator, Optional, Union
 import libcst as cst
 
 from ddpdoctor.lint.analysis.devices import device_pin_calls, visible_devices_writes
+from ddpdoctor.lint.analysis.divergence import Divergence, Exit, divergent_condition, exits, reaches_collective_after
 from ddpdoctor.lint.analysis.collectives import collective_name
 from ddpdoctor.lint.analysis.launch import HOROVOD_SIZE_CALLS, INIT_PROCESS_GROUP, mentions_calls, may_create_nccl_group, runs_in_module
-from ddpdoctor.lint.analysis.model import MAX_DEPTH, Call, Expr, Function, Loop, ModuleModel, mentions
+from ddpdoctor.lint.analysis.model import MAX_DEPTH, Call, Expr, Function, Guard, Loop, ModuleModel, mentions
 from ddpdoctor.lint.analysis.ranks import decided_by_guards, rank_kind
-from ddpdoctor.lint.analysis.stepping import clears_before
+from ddpdoctor.lint.analysis.stepping import clears_before, conditional_step
 from ddpdoctor.lint.analysis.syntax import contains, dotted_name, mentions_identifier
 
 SAVE = "torch.save"
@@ -367,6 +368,73 @@ def gradients_cleared_before(model: ModuleModel, backward: Call, loop: Union[Loo
     return bool(clears_before(model, backward, loop))
 
 
+def accumulation_guard(model: ModuleModel, backward: Call, loop: Union[Loop, Function]) -> Optional[Guard]:
+    """The accumulation condition the optimizer step of `backward`'s iteration runs under, when
+    gradients do accumulate across iterations of `loop`: not in the `else:` of `if
+    accumulation_steps > 1:` (one backward per step), and no `zero_grad()` before every backward
+    (nothing carries over)."""
+    if any(_without_accumulation(guard) for guard in backward.ctx.guards):
+        return None
+    if gradients_cleared_before(model, backward, loop):
+        return None
+    step, guard = conditional_step(model, backward, loop)
+    return guard if step is not None else None
+
+
+def _without_accumulation(guard: Guard) -> bool:
+    """A branch that runs only when the accumulation count is 1: `if accum_steps == 1:`,
+    `if grad_accum <= 1:`, or the `else:` of `if accumulation_steps > 1:`."""
+    test = guard.test
+    if not isinstance(test, cst.Comparison) or len(test.comparisons) != 1:
+        return False
+    name = dotted_name(test.left) or ""
+    if "accum" not in name.rsplit(".", 1)[-1].lower():
+        return False
+    target = test.comparisons[0]
+    if not (isinstance(target.comparator, cst.Integer) and target.comparator.evaluated_value == 1):
+        return False
+    operator = type(target.operator)
+    if guard.negated:
+        return operator in (cst.GreaterThan, cst.NotEqual)
+    return operator in (cst.Equal, cst.LessThanEqual)
+
+
+def accumulating_param(model: ModuleModel, function: Function) -> Optional[tuple[str, Guard]]:
+    """The parameter of `function` whose model a loop of it runs forward and backward on, with the
+    optimizer stepping only under an accumulation condition; and that condition. None in a module
+    that uses `no_sync` anywhere (it controls when DDP synchronises)."""
+    if model.method_calls("no_sync"):
+        return None
+    for backward in model.method_calls("backward"):
+        if backward.function is not function or not backward.loops:
+            continue
+        loop = backward.loops[-1]
+        guard = accumulation_guard(model, backward, loop)
+        if guard is None:
+            continue
+        for call in model.calls_within(loop, depth=0):
+            param = param_name(model, function, call.node.func)
+            if param is not None:
+                return param, guard
+    return None
+
+
+def called_accumulation(model: ModuleModel, call: Call) -> Optional[tuple[ModuleModel, str, Guard, Expr]]:
+    """A call of another project module's function whose loop accumulates gradients on the model
+    it is given (`train_one_epoch(model, loader, optimizer, accum_steps=8)`): that module's model,
+    the parameter, the accumulation condition there, and what the call passes for it."""
+    linked = model.linked_function(call)
+    if linked is None:
+        return None
+    other, function = linked
+    found = accumulating_param(other, function)
+    if found is None:
+        return None
+    param, guard = found
+    argument = argument_for(call, function, param)
+    return (other, param, guard, argument) if argument is not None else None
+
+
 # Gradient clipping (`torch.nn.utils.clip_grad_norm` is the deprecated spelling without `_`).
 CLIPS = frozenset(
     {"torch.nn.utils.clip_grad_norm_", "torch.nn.utils.clip_grad_value_", "torch.nn.utils.clip_grad_norm"}
@@ -482,6 +550,28 @@ def called_collectives(model: ModuleModel, call: Call) -> list[tuple[ModuleModel
         name = collective_name(inner)
         if name is not None and not decided_by_guards(other, inner.ctx.guards):
             out.append((other, inner, name))
+    return out
+
+
+def called_divergent_exits(model: ModuleModel, call: Call) -> list[tuple[ModuleModel, Exit, Call, Divergence]]:
+    """The exits (`return`, `break`, `continue`, `raise`) of the other project module's function
+    `call` invokes that some ranks only take, before a collective or a backward that the others
+    go on to (`train_one_epoch(model, loader)` whose loop breaks on a per-rank NaN check): each
+    with that module's model, the collective it skips and why it diverges, in source order."""
+    if not model.may_link(call):
+        return []  # cheap test first: linking reads and parses the other module
+    linked = model.linked_function(call)
+    if linked is None:
+        return []
+    other, function = linked
+    out: list[tuple[ModuleModel, Exit, Call, Divergence]] = []
+    for exit in exits(other):
+        if exit.function is not function:
+            continue
+        after = reaches_collective_after(other, exit)
+        why = divergent_condition(other, exit) if after is not None else None
+        if after is not None and why is not None:
+            out.append((other, exit, after, why))
     return out
 
 
