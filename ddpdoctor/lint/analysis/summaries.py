@@ -6,6 +6,10 @@ A finding that spans modules is reported at the call in the module that imports 
 `torch.save` on every rank; `run_epoch(model, loader)` draws from a loader whose sampler nobody
 reseeds; `clip_gradients(model)` clips gradients a GradScaler still scales. Each summary is
 computed on demand and memoised with its module's model.
+
+This is the one place cross-module questions are answered: a rule never links a call to another
+module itself; it asks a query here (`called_unguarded_save`, `called_epoch_setter`,
+`trainer_drawn_params`, `called_divergent_exits`, `stale_holders`, `rewritten_before`, ...).
 """
 
 from __future__ import annotations
