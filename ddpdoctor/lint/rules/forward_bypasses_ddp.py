@@ -36,8 +36,13 @@ class ForwardBypassesDDP(Rule):
     """
 
     code = "DDP010"
-    # The name itself for a holder built before the wrap (`self.objective.loss(x)` names no `.module`).
-    trigger_words = (".module(", ".module.forward(", ").module", "DistributedDataParallel")
+    # A holder built before the wrap (`self.objective.loss(x)` names no `.module`) needs the model's
+    # name rebound to the wrapper here: `model = DDP(model)` as written. Not the bare class name, which
+    # the modules a library imports mention everywhere (each file it lets through is parsed).
+    trigger_words = (
+        ".module(", ".module.forward(", ").module", "= DistributedDataParallel(", "= DDP(",
+        "= nn.parallel.DistributedDataParallel(", "= torch.nn.parallel.DistributedDataParallel(",
+    )
     context_words = ("DistributedDataParallel",)
 
     def check(self) -> None:
