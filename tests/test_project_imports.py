@@ -464,3 +464,24 @@ def test_absent_candidates_are_checked_from_folder_listings(tmp_path: Path, monk
     assert not ProjectSources([tmp_path]).unchanged(missing_in_folder, ABSENT)
     (tmp_path / "pkg" / "folder.py").mkdir()  # listed, but a folder: still no module there
     assert ProjectSources([tmp_path]).unchanged(tmp_path / "pkg" / "folder.py", ABSENT)
+
+
+def test_a_folders_launch_listing_is_a_dependency_and_forgotten_with_a_launch_file(tmp_path: Path) -> None:
+    from ddpdoctor.lint.analysis.imports import LISTING
+
+    (tmp_path / "train.py").write_text("x = 1\n")
+    (tmp_path / "conf").mkdir()
+    project = ProjectSources([tmp_path])
+    with project.scope():
+        assert project.launch_listing(tmp_path) == ((), ("conf",))
+        state = project.dependencies()[tmp_path]
+    assert state is not None and state.startswith(LISTING)
+    (tmp_path / "notes.py").write_text("y = 2\n")
+    (tmp_path / ".hidden").mkdir()
+    assert project.unchanged(tmp_path, state)  # no launch file, no folder a walk enters
+    (tmp_path / "run.sh").write_text("torchrun --nnodes 2 train.py\n")
+    assert not project.unchanged(tmp_path, state)
+    assert project.launch_listing(tmp_path) == ((), ("conf",))  # listed once per run...
+    project.forget(tmp_path / "run.sh")
+    assert project.launch_listing(tmp_path) == (("run.sh",), ("conf",))  # ...until the editor says it changed
+    assert not project.unchanged(tmp_path / "gone", state)
