@@ -416,11 +416,13 @@ def test_rewritten_before_follows_inherited_methods_across_modules(tmp_path: pat
 
 
 HOLDER = (
-    "class Objective:\n"
+    "import torch\n\nclass Objective:\n"
     "    def __init__(self, net, scale=1.0):\n        self.net = net\n        self.scale = scale\n\n"
     "    def loss(self, x):\n        return self._inner(x) * self.scale\n\n"
     "    def _inner(self, x):\n        return self.net(x).sum()\n\n"
     "    def describe(self):\n        return str(self.scale)\n\n"
+    "    @torch.no_grad()\n    def sample(self, x):\n        return self.net(x)\n\n"
+    "    def score(self, x):\n        with torch.inference_mode():\n            return self.net(x)\n\n"
     "class Module(Objective):\n    def forward(self, x):\n        return self.net.forward(x)\n"
 )
 
@@ -431,6 +433,8 @@ def test_forwarded_attributes_follow_the_class_methods_and_call_means_forward(tm
     assert other is not None
     assert "net" in summaries.forwarded_attributes(other, "Objective", "loss")  # through self._inner
     assert "net" not in summaries.forwarded_attributes(other, "Objective", "describe")
+    assert summaries.forwarded_attributes(other, "Objective", "sample") == frozenset()  # records no gradient
+    assert summaries.forwarded_attributes(other, "Objective", "score") == frozenset()
     assert summaries.forwarded_attributes(other, "Objective", "__call__") == frozenset()  # no forward, no __call__
     assert summaries.forwarded_attributes(other, "Module", "__call__") == {"net"}  # nn.Module: __call__ is forward
     assert "net" in summaries.forwarded_attributes(other, "Module", "loss")  # inherited

@@ -27,7 +27,7 @@ from ddpdoctor.lint.analysis.launch import HOROVOD_SIZE_CALLS, INIT_PROCESS_GROU
 from ddpdoctor.lint.analysis.model import MAX_DEPTH, Call, Expr, Function, Guard, Loop, ModuleModel, mentions
 from ddpdoctor.lint.analysis.ranks import decided_by_guards, rank_kind
 from ddpdoctor.lint.analysis.stepping import clears_before, conditional_step
-from ddpdoctor.lint.analysis.syntax import contains, dotted_name, mentions_identifier
+from ddpdoctor.lint.analysis.syntax import contains, dotted_name, last_segment, mentions_identifier
 
 SAVE = "torch.save"
 # Buffers: a save into one writes no file.
@@ -754,12 +754,35 @@ def runs_backward(model: ModuleModel, call: Call) -> bool:
 # ------------------------------------------------------------------ holders of a module that was wrapped later
 
 
+# Context managers and decorators under which no gradient is recorded (by their last name).
+NO_GRAD = ("no_grad", "inference_mode")
+
+
+def under_no_grad(call: Call) -> bool:
+    """The call runs inside `with torch.no_grad():` / `inference_mode()` in its own function."""
+    return any(last_segment(dotted_name(w.func if isinstance(w, cst.Call) else w) or "") in NO_GRAD for w in call.ctx.withs)
+
+
+def decorated_no_grad(function: Function) -> bool:
+    """`@torch.no_grad()` / `@torch.inference_mode()` on the function."""
+    node = function.node
+    if not isinstance(node, cst.FunctionDef):
+        return False
+    for decorator in node.decorators:
+        target = decorator.decorator
+        written = dotted_name(target.func if isinstance(target, cst.Call) else target)
+        if written is not None and last_segment(written) in NO_GRAD:
+            return True
+    return False
+
+
 def forwarded_attributes(model: ModuleModel, klass: str, name: str, depth: int = 0) -> frozenset[str]:
     """The `self.` attributes whose forward the method `name` of the class `klass` (a top-level class
     of `model`'s module; inherited methods found through its bases, across modules) runs:
     `self.net(x)`, `self.net.forward(x)`, also through the class's methods it calls on `self`
     (`self._noise_loss(x)`), a few calls deep. `name` "__call__" on a class that does not define it
-    is its `forward` (an `nn.Module` subclass)."""
+    is its `forward` (an `nn.Module` subclass). A forward under `torch.no_grad()` (a `with` or a
+    decorator) does not count: it records no gradient to all-reduce."""
     found = method_of(model, klass, name)
     if found is None and name == "__call__":
         found = method_of(model, klass, "forward")
@@ -769,7 +792,11 @@ def forwarded_attributes(model: ModuleModel, klass: str, name: str, depth: int =
 
     def compute() -> frozenset[str]:
         out: set[str] = set()
+        if decorated_no_grad(method):
+            return frozenset()  # a forward that records no gradient needs no all-reduce
         for call in method.calls:
+            if under_no_grad(call):
+                continue
             written = dotted_name(call.node.func) or ""
             parts = written.split(".")
             if parts[0] != "self" or len(parts) not in (2, 3) or (len(parts) == 3 and parts[2] != "forward"):
