@@ -95,3 +95,35 @@ def test_second_run_changes_nothing(fixed_tree: tuple[Path, dict[str, list[str]]
     result = CliRunner().invoke(main, ["lint", "--select", "ALL", "--no-cache", "--fix", str(folder)])
     assert "Fixed" not in result.output
     assert snapshot(folder) == first
+
+
+# Fixes that a second module of the project (or a call the analysis cannot read) would make wrong:
+# each finding is there with its fix offered as a suggestion, and `--fix --select ALL` leaves the
+# file as it was. path -> (code, what makes the fix wrong).
+SECOND_MODULE_TRAPS = {
+    "projects/device_fix_local_rank_rewritten_in_another_module/train.py": ("DDP003", "slots.py rewrites args.gpu"),
+    "projects/device_fix_local_rank_rewritten_in_another_module/train_by_rank.py": (
+        "DDP004", "an unread package is handed args"),
+    "projects/device_fix_self_local_rank_rewritten_by_base_class/trainer.py": (
+        "DDP003", "an inherited method in base.py rebinds self.local_rank"),
+    "projects/horovod_helpers_leave_duties_undone/train.py": ("HVD001", "schedule.py writes the rate every epoch"),
+    "projects/horovod_optimizers_known_by_use/train_transformers.py": (
+        "HVD001", "an unread package's scheduler is handed the optimizer"),
+}
+
+
+@pytest.mark.parametrize("path", sorted(SECOND_MODULE_TRAPS))
+def test_no_fix_that_a_second_module_makes_wrong_is_applied(
+    fixed_tree: tuple[Path, dict[str, list[str]], dict[str, bytes]], path: str
+) -> None:
+    folder, _, _ = fixed_tree
+    code, _ = SECOND_MODULE_TRAPS[path]
+    source = ROOT / "fixtures" / path
+    run, _ = lint_paths([str(source)], Settings(select=("ALL",)), jobs=1, use_cache=False)
+    trapped = [f for f in run.findings if f.code == code]
+    assert trapped and all(f.fix is not None and not f.fix.applicable for f in trapped)
+    # Another rule's certain fix may change the file elsewhere; the trapped lines stay as written.
+    lines = source.read_text(encoding="utf-8").splitlines()
+    fixed = (folder / path).read_text(encoding="utf-8").splitlines()
+    for finding in trapped:
+        assert lines[finding.line - 1] in fixed

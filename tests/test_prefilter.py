@@ -181,3 +181,18 @@ def test_only_a_file_that_trains_or_launches_reads_its_closure(tmp_path: Path) -
         path.read_text() + "\n\ndef fit(model, ds):\n    for epoch in range(3):\n        model(ds).sum().backward()\n"
     )
     assert "DDP001" in _project_codes(tmp_path, "layers.py")
+
+
+@pytest.mark.parametrize(
+    ("source", "interested"),
+    [
+        (b"from torch.nn.parallel import DistributedDataParallel as DDP\nnet = DDP(net)\n", True),
+        (b"import torch\nself.model = torch.nn.parallel.DistributedDataParallel(self.model)\n", True),
+        (b"from torch.nn.parallel import DistributedDataParallel\nself.model = DistributedDataParallel(m)\n", True),
+        # Only the class's name (an import, a docstring): no wrap here, so no holder built before one.
+        (b"from torch.nn.parallel import DistributedDataParallel\nprint(DistributedDataParallel)\n", False),
+    ],
+)
+def test_ddp010_is_interested_in_a_file_that_rebinds_a_name_to_the_wrapper(source: bytes, interested: bool) -> None:
+    codes = {rule.code for rule in interested_rules(source, list(all_rules().values()))}
+    assert ("DDP010" in codes) is interested

@@ -350,3 +350,40 @@ def test_amp002_reads_a_helper_module_only_after_a_scaled_backward(
     run, _ = lint_paths([str(tmp_path / "train.py")], Settings(select=("AMP002",)), jobs=1, use_cache=False)
     assert [f.code for r in run.files for f in r.findings] == codes
     assert (tmp_path / "helpers.py" in seen[0].files_read()) is reads_helper
+
+
+TWO_NODE = CIFAR.parent / "global_rank_device_two_node_launch"
+
+
+def test_a_launch_file_added_edited_or_removed_re_analyses_the_scripts_it_launches(tmp_path: Path) -> None:
+    """The result cache depends on the launch files the analysis read and on the folders it listed
+    for them: a multi-node launch script added after a first (cached) run names itself in DDP004's
+    message on the next warm run; made single-node, DDP004 goes (a one-node job's global ranks are
+    its local ranks); removed, the first message is back. A file that is no launch file changes nothing."""
+    for name in ("dist_setup.py", "train.py", "pyproject.toml"):
+        (tmp_path / name).write_text((TWO_NODE / name).read_text())
+    train = tmp_path / "train.py"
+
+    def ddp004() -> tuple[bool, list[str]]:
+        run, _ = lint_paths([str(train)], Settings(select=("DDP004",)), jobs=1, cache_root=tmp_path)
+        assert not run.errors
+        return run.files[0].cached, [f.message for f in run.findings]
+
+    cached_run, messages = ddp004()
+    assert not cached_run and len(messages) == 2 and not any("launches it on" in m for m in messages)
+    assert ddp004() == (True, messages)
+    (tmp_path / "notes.py").write_text("x = 1\n")
+    assert ddp004()[0] is True
+
+    (tmp_path / "scripts").mkdir()
+    launcher = tmp_path / "scripts" / "run_two_nodes.sh"
+    launcher.write_text("torchrun --nnodes 2 --nproc-per-node 4 train.py\n")
+    cached_run, spanning = ddp004()
+    assert not cached_run and len(spanning) == 2
+    assert all("scripts/run_two_nodes.sh line 1 launches it on 2 nodes" in m for m in spanning)
+    assert ddp004() == (True, spanning)
+
+    launcher.write_text("torchrun --nnodes 1 --nproc-per-node 4 train.py\n")
+    assert ddp004() == (False, [])
+    launcher.unlink()
+    assert ddp004() == (False, messages)

@@ -480,3 +480,24 @@ def test_each_folder_is_listed_once_per_run(tmp_path: Path, monkeypatch: pytest.
     for name in ("a.py", "b.py", "c.py", "a.py"):
         project.unchanged(tmp_path / "pkg" / name, ABSENT)
     assert listed.count(str(tmp_path / "pkg")) == 1
+
+
+def test_a_folders_launch_listing_is_a_dependency_and_forgotten_with_a_launch_file(tmp_path: Path) -> None:
+    from ddpdoctor.lint.analysis.imports import LISTING
+
+    (tmp_path / "train.py").write_text("x = 1\n")
+    (tmp_path / "conf").mkdir()
+    project = ProjectSources([tmp_path])
+    with project.scope():
+        assert project.launch_listing(tmp_path) == ((), ("conf",))
+        state = project.dependencies()[tmp_path]
+    assert state is not None and state.startswith(LISTING)
+    (tmp_path / "notes.py").write_text("y = 2\n")
+    (tmp_path / ".hidden").mkdir()
+    assert project.unchanged(tmp_path, state)  # no launch file, no folder a walk enters
+    (tmp_path / "run.sh").write_text("torchrun --nnodes 2 train.py\n")
+    assert not project.unchanged(tmp_path, state)
+    assert project.launch_listing(tmp_path) == ((), ("conf",))  # listed once per run...
+    project.forget(tmp_path / "run.sh")
+    assert project.launch_listing(tmp_path) == (("run.sh",), ("conf",))  # ...until the editor says it changed
+    assert not project.unchanged(tmp_path / "gone", state)

@@ -18,8 +18,10 @@
     ranks      who runs this: all ranks / rank 0 / the others / a subset / single-process only
     launcher_env what a launcher sets in each process's environment, against literals the script writes
     devices    which GPU a value names; what pins a process's device
-    summaries  what a function does for its callers, linked across the project's modules
     divergence where ranks part ways: exits taken on some ranks while the others go on into a collective
+    summaries  what a function does for its callers, linked across the project's modules: the one
+               place a rule asks a cross-module question (what a call of another module's function,
+               a project class's method or a holder object does)
     sharding   data split across ranks: datasets that take their own rank's share, loop items
     evaluation evaluations over split data, and whether their score is combined across ranks
     rank_arguments  the rank a process group or sampler is given; jobs single-node by construction

@@ -24,7 +24,7 @@ import libcst as cst
 from ddpdoctor.lint.analysis.model import MAX_DEPTH, Call, Function, Guard, Loop, ModuleModel, SubscriptStore, mentions
 from ddpdoctor.lint.analysis.ranks import Runs, who_runs
 from ddpdoctor.lint.analysis.sharding import DATA_LOADER, loader_split_across_ranks
-from ddpdoctor.lint.analysis.summaries import mentions_rank
+from ddpdoctor.lint.analysis.summaries import decorated_no_grad, linked_method, mentions_rank, under_no_grad
 from ddpdoctor.lint.analysis.syntax import contains, dotted_name, last_segment, walk
 
 # Collectives that combine a value across the ranks.
@@ -47,7 +47,6 @@ REDUCING_WORDS = ("reduce", "gather", "synchronize_between", "sync_", "collect")
 # torchmetrics' Metric.compute() syncs its state across processes before computing.
 METRIC_LIBRARIES = ("torchmetrics", "ignite.metrics")
 # Context managers under which no gradient is recorded: an evaluation pass.
-NO_GRAD = ("no_grad", "inference_mode")
 # Function names that say "this evaluates".
 EVAL_WORDS = ("eval", "valid", "test", "infer")
 # Calls that report a score.
@@ -113,26 +112,13 @@ def is_evaluation_loop(model: ModuleModel, loop: Loop) -> bool:
     inside = model.calls_within(loop)
     if any(call.attr in ("backward", "step", "zero_grad") for call in inside):
         return False
-    if any(last_segment(dotted_name(w.func if isinstance(w, cst.Call) else w) or "") in NO_GRAD
-           for call in inside for w in call.ctx.withs):
+    if any(under_no_grad(call) for call in inside):
         return True
-    if _decorated_no_grad(function):
+    if decorated_no_grad(function):
         return True
     if any(call.attr == "eval" and not call.args and call.order < loop.order for call in function.calls):
         return True
     return any(word in function.name.lower() for word in EVAL_WORDS)
-
-
-def _decorated_no_grad(function: Function) -> bool:
-    node = function.node
-    if not isinstance(node, cst.FunctionDef):
-        return False
-    for decorator in node.decorators:
-        target = decorator.decorator
-        written = dotted_name(target.func if isinstance(target, cst.Call) else target)
-        if written is not None and last_segment(written) in NO_GRAD:
-            return True
-    return False
 
 
 def _reports_from(model: ModuleModel, loop: Loop) -> bool:
@@ -268,7 +254,7 @@ def reduces(model: ModuleModel, call: Call, depth: int = 0) -> bool:
             other, helper = linked
             if any(reduces(other, inner, depth + 1) for inner in helper.calls):
                 return True
-    method = model.linked_method(call)
+    method = linked_method(model, call)
     if method is not None:
         # `self.metric.update(...)` on another module's class whose method all-reduces its counts.
         other, helper, _ = method

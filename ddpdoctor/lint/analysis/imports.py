@@ -48,7 +48,56 @@ CLOSURE_DEPTH = 3
 # Dependency states recorded per scope: a content digest, or one of these.
 EXISTS = ""  # the file's existence mattered (a resolution hit), not its content
 ABSENT = None  # a candidate file that must stay absent for the resolution to hold
+LISTING = "ls:"  # prefix of a folder's state: a digest of the launch files and subfolders it lists
 State = Optional[str]
+
+# Which files are launch files (shell, SLURM, YAML/JSON, README, Makefile), by suffix or by name
+# (any suffix), and which folders a walk for them skips. Here, below the launch-file reader, because
+# a folder's listing of them is a dependency the result cache checks.
+LAUNCH_SUFFIXES = frozenset(
+    {".sh", ".bash", ".zsh", ".slurm", ".sbatch", ".job", ".pbs", ".yaml", ".yml", ".json", ".md", ".rst", ".txt",
+     ".mk", ".cfg"}
+)
+LAUNCH_NAMES = ("makefile", "readme", "dockerfile", "justfile")
+LAUNCH_SKIP_DIRS = frozenset(
+    {".git", ".hg", ".svn", "__pycache__", ".mypy_cache", ".pytest_cache", ".ruff_cache", ".tox", ".nox", ".venv",
+     "venv", "node_modules", "build", "dist", "site-packages", ".ddpdoctor_cache", ".ipynb_checkpoints", "wandb",
+     "outputs", "logs", "data", "datasets", "checkpoints"}
+)
+
+
+def is_launch_file_name(name: str) -> bool:
+    lowered = name.lower()
+    return os.path.splitext(lowered)[1] in LAUNCH_SUFFIXES or lowered.startswith(LAUNCH_NAMES)
+
+
+def _launch_listing(folder: Path) -> Optional[tuple[tuple[str, ...], tuple[str, ...]]]:
+    """The launch files (by name) and the subfolders a walk for them enters, sorted; None when the
+    folder cannot be listed."""
+    files: list[str] = []
+    folders: list[str] = []
+    try:
+        with os.scandir(folder) as entries:
+            for entry in entries:
+                try:
+                    is_dir = entry.is_dir(follow_symlinks=False)
+                except OSError:
+                    continue
+                if is_dir:
+                    if entry.name not in LAUNCH_SKIP_DIRS and not entry.name.startswith("."):
+                        folders.append(entry.name)
+                elif is_launch_file_name(entry.name):
+                    files.append(entry.name)
+    except OSError:
+        return None
+    return tuple(sorted(files)), tuple(sorted(folders))
+
+
+def _listing_state(listing: Optional[tuple[tuple[str, ...], tuple[str, ...]]]) -> State:
+    if listing is None:
+        return ABSENT
+    files, folders = listing
+    return LISTING + content_digest("\n".join(files).encode("utf-8", "surrogateescape") + b"\0" + "\n".join(folders).encode("utf-8", "surrogateescape"))
 
 
 # An import statement as the pre-filter reads it from bytes: (relative level, module, names imported
@@ -159,6 +208,7 @@ class ProjectSources:
         self._package_tops: dict[Path, Path] = {}
         self._quick_resolved: dict[tuple[Path, Optional[str], int], Optional[Path]] = {}
         self._roots_for: dict[Path, tuple[str, ...]] = {}
+        self._listings_of_launch: dict[Path, tuple[tuple[tuple[str, ...], tuple[str, ...]], State]] = {}
 
     @classmethod
     def for_paths(cls, paths: Sequence[Union[str, Path]]) -> "ProjectSources":
@@ -223,7 +273,10 @@ class ProjectSources:
 
         Most dependencies are candidates an import looked for and did not find (a warm run over
         torch/nn and torch/utils asks about 2,200 of them): a name missing from its folder's listing
-        (one listing per folder per run) is answered without trying to open it."""
+        (one listing per folder per run) is answered without trying to open it. A folder's listing
+        of launch files (LISTING) is listed again."""
+        if state is not None and state.startswith(LISTING):
+            return _listing_state(_launch_listing(_absolute(path))) == state
         if state is ABSENT or state == EXISTS:
             folder, name = os.path.split(os.path.abspath(path))
             if name not in self._listing(folder):
@@ -494,6 +547,9 @@ class ProjectSources:
             path = _absolute(Path(path))
         except (OSError, ValueError):
             return
+        if is_launch_file_name(path.name) and self._listings_of_launch.pop(path.parent, None) is not None:
+            # Its folder's listing of launch files may have changed too (a new run.sh).
+            self._memo = {key: value for key, value in self._memo.items() if path.parent not in value[1]}
         self._modules.pop(path, None)
         self._scanned.pop(path, None)  # the pre-filter's words and imports of its old text
         self._unparsable.discard(path)
@@ -515,6 +571,19 @@ class ProjectSources:
             return _project_top(folder, self._tops) or folder
         except (OSError, ValueError):
             return None
+
+    def launch_listing(self, folder: Path) -> tuple[tuple[str, ...], tuple[str, ...]]:
+        """The launch files and the subfolders (not hidden, not a virtual environment, build or data
+        folder) in `folder`, sorted; empty when it cannot be listed. Listed once per run and recorded
+        as a dependency of the current scope: a launch file added, removed or renamed in a folder the
+        analysis looked in re-analyses the files whose results may depend on it."""
+        folder = _absolute(folder)
+        known = self._listings_of_launch.get(folder)
+        if known is None:
+            found = _launch_listing(folder)
+            known = self._listings_of_launch[folder] = (found or ((), ()), _listing_state(found))
+        self._note(folder, known[1])
+        return known[0]
 
     def read_launch_file(self, path: Path, max_bytes: int) -> Optional[bytes]:
         """A launch file's bytes (None when unreadable or larger than `max_bytes`), recorded as a

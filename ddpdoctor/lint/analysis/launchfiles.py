@@ -12,7 +12,8 @@ launches of the file it lints.
 Where it stops: a value given through a shell variable (`--nnodes $NNODES`) or a config file the
 line names (`accelerate launch --config_file`, `deepspeed --hostfile`) is unknown, not guessed;
 only the launch files under the project's top folder are read (a bounded number, a bounded size,
-a few folders deep); a launch file added later does not invalidate the result cache.
+a few folders deep). What was read is recorded for the result cache: each launch file's content and
+each folder's listing of launch files, so adding, editing or removing one re-analyses.
 """
 
 from __future__ import annotations
@@ -27,17 +28,9 @@ from typing import Iterator, Optional
 
 from ddpdoctor.lint.analysis.imports import MemoCycle, ProjectSources
 
-# Which files are launch files: by suffix, or by name (any suffix).
-LAUNCH_SUFFIXES = frozenset({".sh", ".bash", ".zsh", ".slurm", ".sbatch", ".job", ".pbs", ".yaml", ".yml", ".json", ".md", ".rst", ".txt", ".mk", ".cfg"})
-LAUNCH_NAMES = ("makefile", "readme", "dockerfile", "justfile")
 MAX_FILES = 300
 MAX_FILE_BYTES = 256 * 1024
 MAX_DEPTH = 4
-SKIP_DIRS = frozenset(
-    {".git", ".hg", ".svn", "__pycache__", ".mypy_cache", ".pytest_cache", ".ruff_cache", ".tox", ".nox", ".venv",
-     "venv", "node_modules", "build", "dist", "site-packages", ".ddpdoctor_cache", ".ipynb_checkpoints", "wandb",
-     "outputs", "logs", "data", "datasets", "checkpoints"}
-)
 
 # The verdicts of `node_verdict`.
 MULTI_NODE = "multi-node"
@@ -263,36 +256,32 @@ def _parse_line(
 # ------------------------------------------------------------------------------- the project's files
 
 
-def launch_files(top: Path) -> list[Path]:
-    """The launch files under a project's top folder: a bounded walk, sorted, no hidden folders,
-    virtual environments or data folders."""
+def launch_files(project: ProjectSources, top: Path) -> list[Path]:
+    """The launch files under a project's top folder: a bounded walk, depth first in sorted order,
+    no hidden folders, virtual environments or data folders. Each folder's listing is recorded as a
+    dependency (`ProjectSources.launch_listing`): a launch file added later re-analyses."""
     found: list[Path] = []
-    top_depth = len(top.parts)
-    for directory, dirnames, filenames in os.walk(top):
-        depth = len(Path(directory).parts) - top_depth
-        dirnames[:] = sorted(d for d in dirnames if d not in SKIP_DIRS and not d.startswith(".") and depth < MAX_DEPTH)
-        found.extend(Path(directory) / name for name in sorted(filenames) if _is_launch_file(name))
-        if len(found) >= MAX_FILES:
-            return found[:MAX_FILES]
-    return found
+
+    def walk(folder: Path, depth: int) -> None:
+        files, folders = project.launch_listing(folder)
+        found.extend(folder / name for name in files)
+        if depth < MAX_DEPTH:
+            for name in folders:
+                if len(found) >= MAX_FILES:
+                    return
+                walk(folder / name, depth + 1)
+
+    walk(top, 0)
+    return found[:MAX_FILES]
 
 
-def _is_launch_file(name: str) -> bool:
-    lowered = name.lower()
-    return Path(lowered).suffix in LAUNCH_SUFFIXES or lowered.startswith(LAUNCH_NAMES)
-
-
-def _nearby_launch_files(script: Path, top: Path) -> list[Path]:
+def _nearby_launch_files(project: ProjectSources, script: Path, top: Path) -> list[Path]:
     """The launch files in the script's own folder and each folder above it up to the top (read
     first: a large project's walk may reach its bound before the script's folder)."""
     out: list[Path] = []
     folder = script.parent
     for _ in range(MAX_DEPTH + 4):
-        try:
-            names = sorted(os.listdir(folder))
-        except OSError:
-            names = []
-        out.extend(folder / name for name in names if _is_launch_file(name) and os.path.isfile(folder / name))
+        out.extend(folder / name for name in project.launch_listing(folder)[0])
         if folder == top or folder.parent == folder:
             break
         folder = folder.parent
@@ -315,7 +304,7 @@ def project_launches(project: Optional[ProjectSources], script: Path) -> list[La
 
     def compute() -> list[Launch]:
         out: list[Launch] = []
-        for path in dict.fromkeys(_nearby_launch_files(target, top) + launch_files(top)):
+        for path in dict.fromkeys(_nearby_launch_files(project, target, top) + launch_files(project, top)):
             out.extend(project.memo(("launch-file", path), functools.partial(_read_file, project, path)))
         return out
 

@@ -1652,65 +1652,6 @@ class ModuleModel:
         found = self.memoized(key, lambda: self._linked_function(call), None)
         return found
 
-    def returned_by_project_helper(
-        self, expr: Expr, order: int, function: Optional[Function], depth: int = 0
-    ) -> Optional[tuple["ModuleModel", Function, Optional[int], str]]:
-        """`train_loader` bound by `train_loader, sampler, val = get_loaders(opt)` (or
-        `train_loader = build_loader(opt)`) where the call is of another project module's function:
-        that module's model, the function, the position in its returned tuple (None when the
-        value is bound whole) and the name bound to it, seen through an iteration wrapper (`progress = tqdm(train_loader)`).
-        None when the name has another assignment that may reach here."""
-        name = dotted_name(expr)
-        if name is None:
-            return None
-        assignments = self.reaching_assignments(name, order, function)
-        if len(assignments) != 1:
-            return None
-        (assignment,) = assignments
-        position: Optional[int] = None
-        value = assignment.value
-        if assignment.unpacked is not None:
-            value, position = assignment.unpacked
-        elif assignment.kind != "assign":
-            return None
-        call = self.call_of(value) if isinstance(value, cst.Call) else None
-        if call is None:
-            return None
-        if position is None and depth < MAX_DEPTH:
-            # `progress = tqdm(train_loader)`: what the wrapper iterates.
-            wrapped = self.iterated_exprs(value)
-            if len(wrapped) == 1 and wrapped[0] is not value:
-                return self.returned_by_project_helper(wrapped[0], assignment.order, assignment.function, depth + 1)
-        linked = self.linked_function(call)
-        if linked is None and call.attr is not None and call.receiver is not None:
-            # `loader = data.train_loader()` on an object of another module's class (a getter).
-            method = self.linked_method(call)
-            linked = (method[0], method[1]) if method is not None else None
-        if linked is None:
-            return None
-        return linked[0], linked[1], position, name
-
-    def linked_method(self, call: Call) -> Optional[tuple["ModuleModel", Function, Call]]:
-        """`trainer.train_epoch(...)` where `trainer` was built here by `Trainer(...)`, a class that
-        another project module defines: that module's model, the method (defined in the class's own
-        body; an inherited one is not followed), and the constructor call. None otherwise."""
-        if self.project is None or call.attr is None or call.receiver is None:
-            return None
-        return self.memoized(("linked_method", id(call)), lambda: self._linked_method(call), None)
-
-    def _linked_method(self, call: Call) -> Optional[tuple["ModuleModel", Function, Call]]:
-        assert call.receiver is not None
-        for origin in self.origin_calls(call.receiver, call.order, call.function):
-            written = dotted_name(origin.node.func)
-            found = self.project_class(written) if written is not None else None
-            if found is None or found[0] is self:
-                continue
-            other, klass = found
-            for method in other.class_methods(klass):
-                if method.name == call.attr:
-                    return other, method, origin
-        return None
-
     def _linked_function(self, call: Call) -> Optional[tuple["ModuleModel", Function]]:
         written = dotted_name(call.node.func)
         if written is None:

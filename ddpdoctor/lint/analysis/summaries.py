@@ -6,6 +6,10 @@ A finding that spans modules is reported at the call in the module that imports 
 `torch.save` on every rank; `run_epoch(model, loader)` draws from a loader whose sampler nobody
 reseeds; `clip_gradients(model)` clips gradients a GradScaler still scales. Each summary is
 computed on demand and memoised with its module's model.
+
+This is the one place cross-module questions are answered: a rule never links a call to another
+module itself; it asks a query here (`called_unguarded_save`, `called_epoch_setter`,
+`trainer_drawn_params`, `called_divergent_exits`, `stale_holders`, `rewritten_before`, ...).
 """
 
 from __future__ import annotations
@@ -17,11 +21,13 @@ from typing import Iterator, Optional, Union
 import libcst as cst
 
 from ddpdoctor.lint.analysis.devices import device_pin_calls, visible_devices_writes
-from ddpdoctor.lint.analysis.launch import HOROVOD_SIZE_CALLS, mentions_calls, runs_in_module
-from ddpdoctor.lint.analysis.model import Call, Expr, Function, Loop, ModuleModel, mentions
+from ddpdoctor.lint.analysis.divergence import Divergence, Exit, divergent_condition, exits, reaches_collective_after
+from ddpdoctor.lint.analysis.collectives import collective_name
+from ddpdoctor.lint.analysis.launch import HOROVOD_SIZE_CALLS, INIT_PROCESS_GROUP, mentions_calls, may_create_nccl_group, runs_in_module
+from ddpdoctor.lint.analysis.model import MAX_DEPTH, Call, Expr, Function, Guard, Loop, ModuleModel, mentions
 from ddpdoctor.lint.analysis.ranks import decided_by_guards, rank_kind
-from ddpdoctor.lint.analysis.stepping import clears_before
-from ddpdoctor.lint.analysis.syntax import contains, dotted_name, mentions_identifier
+from ddpdoctor.lint.analysis.stepping import clears_before, conditional_step
+from ddpdoctor.lint.analysis.syntax import contains, dotted_name, last_segment, mentions_identifier
 
 SAVE = "torch.save"
 # Buffers: a save into one writes no file.
@@ -74,6 +80,28 @@ def unguarded_save(model: ModuleModel, function: Function) -> Optional[tuple[Cal
             continue  # `torch.save(obj, io.BytesIO())`: serialising, not writing a checkpoint
         return call, param
     return None
+
+
+def called_unguarded_save(model: ModuleModel, call: Call) -> Optional[tuple[ModuleModel, Function, Call, Optional[Expr]]]:
+    """A call of another project module's function that runs a `torch.save` on whichever ranks
+    call it (`save_checkpoint(state, path)` in utils/checkpoint.py): that module's model, the
+    function, the save, and what the call passes for the parameter that names the file (None when
+    the file is not named by a parameter). None when it saves nothing unguarded, or when the path
+    parameter is given no argument here."""
+    if (call.name or "").startswith("torch."):
+        return None
+    linked = model.linked_function(call)
+    if linked is None:
+        return None
+    other, helper = linked
+    found = unguarded_save(other, helper)
+    if found is None:
+        return None
+    save, path_param = found
+    if path_param is None:
+        return other, helper, save, None
+    path = argument_for(call, helper, path_param)
+    return (other, helper, save, path) if path is not None else None
 
 
 def drawn_params(model: ModuleModel, function: Function) -> dict[str, Call]:
@@ -204,12 +232,211 @@ def epoch_set_params(model: ModuleModel, function: Function) -> set[str]:
     return out
 
 
+# ------------------------------------------------------------------ loaders and trainers of other project modules
+
+
+def linked_method(model: ModuleModel, call: Call) -> Optional[tuple[ModuleModel, Function, Call]]:
+    """`trainer.train_epoch(...)` where `trainer` was built here by `Trainer(...)`, a class that
+    another project module defines: that module's model, the method (defined in the class's own
+    body; an inherited one is not followed) and the constructor call. None otherwise."""
+    if model.project is None or call.attr is None or call.receiver is None:
+        return None
+
+    def compute() -> Optional[tuple[ModuleModel, Function, Call]]:
+        assert call.receiver is not None
+        for origin in model.origin_calls(call.receiver, call.order, call.function):
+            written = dotted_name(origin.node.func)
+            found = model.project_class(written) if written is not None else None
+            if found is None or found[0] is model:
+                continue
+            other, klass = found
+            for method in other.class_methods(klass):
+                if method.name == call.attr:
+                    return other, method, origin
+        return None
+
+    return model.memoized(("linked_method", id(call)), compute, None)
+
+
+def returned_by_project_helper(
+    model: ModuleModel, expr: Expr, order: int, function: Optional[Function], depth: int = 0
+) -> Optional[tuple[ModuleModel, Function, Optional[int], str]]:
+    """`train_loader` bound by `train_loader, sampler, val = get_loaders(opt)` (or `train_loader =
+    build_loader(opt)`, or `data.train_loader()` on an object of another module's class: a getter)
+    where the call is of another project module's function: that module's model, the function, the
+    position in its returned tuple (None when the value is bound whole) and the name bound to it,
+    seen through an iteration wrapper (`progress = tqdm(train_loader)`). None when the name has
+    another assignment that may reach here."""
+    name = dotted_name(expr)
+    if name is None:
+        return None
+    assignments = model.reaching_assignments(name, order, function)
+    if len(assignments) != 1:
+        return None
+    (assignment,) = assignments
+    position: Optional[int] = None
+    value = assignment.value
+    if assignment.unpacked is not None:
+        value, position = assignment.unpacked
+    elif assignment.kind != "assign":
+        return None
+    call = model.call_of(value) if isinstance(value, cst.Call) else None
+    if call is None:
+        return None
+    if position is None and depth < MAX_DEPTH:
+        # `progress = tqdm(train_loader)`: what the wrapper iterates.
+        wrapped = model.iterated_exprs(value)
+        if len(wrapped) == 1 and wrapped[0] is not value:
+            return returned_by_project_helper(model, wrapped[0], assignment.order, assignment.function, depth + 1)
+    linked = model.linked_function(call)
+    if linked is None and call.attr is not None and call.receiver is not None:
+        method = linked_method(model, call)
+        linked = (method[0], method[1]) if method is not None else None
+    if linked is None:
+        return None
+    return linked[0], linked[1], position, name
+
+
+def helper_built_shuffled_loader(
+    model: ModuleModel, expr: Expr, order: int, function: Optional[Function]
+) -> Optional[tuple[ModuleModel, Function, Call, str]]:
+    """The loader `expr` (where it is evaluated) is one that another project module's function
+    built on a shuffling DistributedSampler and handed back (`train_loader, train_sampler,
+    val_loader = get_loaders(opt)`): that module's model, the function, the sampler and the name
+    bound here."""
+    built = returned_by_project_helper(model, expr, order, function)
+    if built is None:
+        return None
+    other, helper, position, name = built
+    sampler = returned_shuffled_loaders(other, helper).get(position)
+    return (other, helper, sampler, name) if sampler is not None else None
+
+
+def drawn_arguments(model: ModuleModel, call: Call) -> list[tuple[Function, Expr]]:
+    """What a call of another project module's function passes for the parameters its training
+    loop draws batches from (`run_epoch(model, optimizer, train_loader)`): that function with each
+    such argument."""
+    if not model.may_link(call):
+        return []  # cheap test first: linking reads and parses the other module
+    linked = model.linked_function(call)
+    if linked is None:
+        return []
+    other, helper = linked
+    out: list[tuple[Function, Expr]] = []
+    for param in drawn_params(other, helper):
+        argument = argument_for(call, helper, param)
+        if argument is not None:
+            out.append((helper, argument))
+    return out
+
+
+def called_epoch_setter(model: ModuleModel, call: Call) -> Optional[tuple[Function, frozenset[str]]]:
+    """The function of another project module that `call` invokes, when it calls `set_epoch` on some
+    of its parameters (`data.start_epoch(loader, epoch)`), with those parameters."""
+    linked = model.linked_function(call)
+    if linked is None:
+        return None
+    params = epoch_set_params(*linked)
+    return (linked[1], frozenset(params)) if params else None
+
+
+def trainer_sets_epoch(model: ModuleModel, call: Call) -> bool:
+    """`trainer.run_epoch(epoch)` on an object of another project module's class that calls
+    set_epoch somewhere (it may well be the sampler of the loader its constructor was given)."""
+    method = linked_method(model, call)
+    return method is not None and class_sets_epoch(method[0], method[1].klass or "")
+
+
+def trainer_drawn_params(model: ModuleModel, call: Call) -> Optional[tuple[Call, Function, list[str]]]:
+    """`trainer.train_epoch(epoch)` on an object of another project module's class whose method's
+    training loop draws from a loader the constructor was given (`Trainer(model, train_dl=loader)`
+    whose `__init__` keeps it as `self.train_dataloader`, which `train_epoch` iterates): the
+    constructor call, the class's `__init__` and the constructor parameters drawn from."""
+    linked = linked_method(model, call)
+    if linked is None:
+        return None
+    other, method, built = linked
+    init = constructor(other, method.klass or "")
+    if init is None:
+        return None
+    stored = constructor_stores(other, method.klass or "")
+    params = [param for attribute in drawn_attributes(other, method) if (param := stored.get(attribute)) is not None]
+    return (built, init, params) if params else None
+
+
 def gradients_cleared_before(model: ModuleModel, backward: Call, loop: Union[Loop, Function]) -> bool:
     """A `zero_grad()` (of any optimizer or model) runs in the same iteration of `loop` as
     `backward`, before it, under no condition the backward does not share: what earlier iterations'
     backwards left is discarded, so nothing accumulates across iterations, whatever condition the
     optimizer step sits under (a GAN's generator stepped every `n_critic` iterations)."""
     return bool(clears_before(model, backward, loop))
+
+
+def accumulation_guard(model: ModuleModel, backward: Call, loop: Union[Loop, Function]) -> Optional[Guard]:
+    """The accumulation condition the optimizer step of `backward`'s iteration runs under, when
+    gradients do accumulate across iterations of `loop`: not in the `else:` of `if
+    accumulation_steps > 1:` (one backward per step), and no `zero_grad()` before every backward
+    (nothing carries over)."""
+    if any(_without_accumulation(guard) for guard in backward.ctx.guards):
+        return None
+    if gradients_cleared_before(model, backward, loop):
+        return None
+    step, guard = conditional_step(model, backward, loop)
+    return guard if step is not None else None
+
+
+def _without_accumulation(guard: Guard) -> bool:
+    """A branch that runs only when the accumulation count is 1: `if accum_steps == 1:`,
+    `if grad_accum <= 1:`, or the `else:` of `if accumulation_steps > 1:`."""
+    test = guard.test
+    if not isinstance(test, cst.Comparison) or len(test.comparisons) != 1:
+        return False
+    name = dotted_name(test.left) or ""
+    if "accum" not in name.rsplit(".", 1)[-1].lower():
+        return False
+    target = test.comparisons[0]
+    if not (isinstance(target.comparator, cst.Integer) and target.comparator.evaluated_value == 1):
+        return False
+    operator = type(target.operator)
+    if guard.negated:
+        return operator in (cst.GreaterThan, cst.NotEqual)
+    return operator in (cst.Equal, cst.LessThanEqual)
+
+
+def accumulating_param(model: ModuleModel, function: Function) -> Optional[tuple[str, Guard]]:
+    """The parameter of `function` whose model a loop of it runs forward and backward on, with the
+    optimizer stepping only under an accumulation condition; and that condition. None in a module
+    that uses `no_sync` anywhere (it controls when DDP synchronises)."""
+    if model.method_calls("no_sync"):
+        return None
+    for backward in model.method_calls("backward"):
+        if backward.function is not function or not backward.loops:
+            continue
+        loop = backward.loops[-1]
+        guard = accumulation_guard(model, backward, loop)
+        if guard is None:
+            continue
+        for call in model.calls_within(loop, depth=0):
+            param = param_name(model, function, call.node.func)
+            if param is not None:
+                return param, guard
+    return None
+
+
+def called_accumulation(model: ModuleModel, call: Call) -> Optional[tuple[ModuleModel, str, Guard, Expr]]:
+    """A call of another project module's function whose loop accumulates gradients on the model
+    it is given (`train_one_epoch(model, loader, optimizer, accum_steps=8)`): that module's model,
+    the parameter, the accumulation condition there, and what the call passes for it."""
+    linked = model.linked_function(call)
+    if linked is None:
+        return None
+    other, function = linked
+    found = accumulating_param(other, function)
+    if found is None:
+        return None
+    param, guard = found
+    argument = argument_for(call, function, param)
+    return (other, param, guard, argument) if argument is not None else None
 
 
 # Gradient clipping (`torch.nn.utils.clip_grad_norm` is the deprecated spelling without `_`).
@@ -258,6 +485,98 @@ def unscales(model: ModuleModel, function: Function, depth: int = 0) -> bool:
         if depth < 2 and any(unscales(model, helper, depth + 1) for helper in model.resolve_local_function(call)):
             return True
     return False
+
+
+def local_or_linked(model: ModuleModel, call: Call) -> list[tuple[ModuleModel, Function]]:
+    """The functions of this module a call may invoke (`helper()`, `self.helper()`), else the
+    top-level function of another project module it calls: the callees the gradient-scaling queries
+    follow (narrower than `callees`, which also follows project classes' methods)."""
+    local = model.resolve_local_function(call)
+    if local:
+        return [(model, f) for f in local]
+    linked = model.linked_function(call)
+    return [linked] if linked is not None else []
+
+
+def clipping_callees(model: ModuleModel, call: Call) -> list[tuple[ModuleModel, Function, Clipping]]:
+    """The functions `call` may invoke (this module's, else another project module's) whose body
+    clips gradients before any `unscale_`, each with its clipping."""
+    out: list[tuple[ModuleModel, Function, Clipping]] = []
+    for other, function in local_or_linked(model, call):
+        found = clipping(other, function)
+        if found is not None and not found.unscales_first:
+            out.append((other, function, found))
+    return out
+
+
+def call_unscales(model: ModuleModel, call: Call) -> bool:
+    """`scaler.unscale_(opt)`, or a helper of this module or another project module that calls it."""
+    if call.attr == "unscale_":
+        return True
+    if any(unscales(model, helper) for helper in model.resolve_local_function(call)):
+        return True
+    linked = model.linked_function(call) if not (call.name or "").startswith("torch.") else None
+    return linked is not None and unscales(*linked)
+
+
+# ------------------------------------------------------------------ process groups and collectives in other modules
+
+
+def called_unpinned_group(model: ModuleModel, call: Call) -> Optional[tuple[ModuleModel, Call]]:
+    """A call of another project module's function that creates an NCCL process group without
+    pinning the GPU in its body (`dist_utils.setup()`): that module's model and the
+    `init_process_group` call."""
+    if not model.may_link(call):
+        return None  # cheap test first: linking reads and parses the other module
+    linked = model.linked_function(call)
+    if linked is None:
+        return None
+    other, function = linked
+    if device_pin_calls(other, function) or visible_devices_writes(other, function):
+        return None
+    for init in function.calls:
+        if init.name == INIT_PROCESS_GROUP and may_create_nccl_group(other, init):
+            return other, init
+    return None
+
+
+def called_collectives(model: ModuleModel, call: Call) -> list[tuple[ModuleModel, Call, str]]:
+    """The collectives that the body of the other project module's function `call` invokes runs
+    under no rank check of its own, in order, each with its module's model and its name."""
+    if (call.name or "").startswith(("torch.", "horovod.")) or not model.may_link(call):
+        return []
+    linked = model.linked_function(call)
+    if linked is None:
+        return []
+    other, function = linked
+    out: list[tuple[ModuleModel, Call, str]] = []
+    for inner in function.calls:
+        name = collective_name(inner)
+        if name is not None and not decided_by_guards(other, inner.ctx.guards):
+            out.append((other, inner, name))
+    return out
+
+
+def called_divergent_exits(model: ModuleModel, call: Call) -> list[tuple[ModuleModel, Exit, Call, Divergence]]:
+    """The exits (`return`, `break`, `continue`, `raise`) of the other project module's function
+    `call` invokes that some ranks only take, before a collective or a backward that the others
+    go on to (`train_one_epoch(model, loader)` whose loop breaks on a per-rank NaN check): each
+    with that module's model, the collective it skips and why it diverges, in source order."""
+    if not model.may_link(call):
+        return []  # cheap test first: linking reads and parses the other module
+    linked = model.linked_function(call)
+    if linked is None:
+        return []
+    other, function = linked
+    out: list[tuple[ModuleModel, Exit, Call, Divergence]] = []
+    for exit in exits(other):
+        if exit.function is not function:
+            continue
+        after = reaches_collective_after(other, exit)
+        why = divergent_condition(other, exit) if after is not None else None
+        if after is not None and why is not None:
+            out.append((other, exit, after, why))
+    return out
 
 
 # ------------------------------------------------------------------ effects: what a call does for its caller
@@ -363,7 +682,7 @@ def callees(model: ModuleModel, call: Call) -> list[tuple[ModuleModel, Function]
             return [inherited] if inherited is not None else []
         if model.project is None:
             return out
-        method = model.linked_method(call)
+        method = linked_method(model, call)
         if method is not None:
             return [(method[0], method[1])]
         for origin in model.origin_calls(call.receiver, call.order, call.function):
@@ -432,6 +751,254 @@ def runs_backward(model: ModuleModel, call: Call) -> bool:
     return call.attr == "backward" or BACKWARD in call_effects(model, call, 1)
 
 
+# ------------------------------------------------------------------ holders of a module that was wrapped later
+
+
+# Context managers and decorators under which no gradient is recorded (by their last name).
+NO_GRAD = ("no_grad", "inference_mode")
+
+
+def under_no_grad(call: Call) -> bool:
+    """The call runs inside `with torch.no_grad():` / `inference_mode()` in its own function."""
+    return any(last_segment(dotted_name(w.func if isinstance(w, cst.Call) else w) or "") in NO_GRAD for w in call.ctx.withs)
+
+
+def decorated_no_grad(function: Function) -> bool:
+    """`@torch.no_grad()` / `@torch.inference_mode()` on the function."""
+    node = function.node
+    if not isinstance(node, cst.FunctionDef):
+        return False
+    for decorator in node.decorators:
+        target = decorator.decorator
+        written = dotted_name(target.func if isinstance(target, cst.Call) else target)
+        if written is not None and last_segment(written) in NO_GRAD:
+            return True
+    return False
+
+
+def forwarded_attributes(model: ModuleModel, klass: str, name: str, depth: int = 0) -> frozenset[str]:
+    """The `self.` attributes whose forward the method `name` of the class `klass` (a top-level class
+    of `model`'s module; inherited methods found through its bases, across modules) runs:
+    `self.net(x)`, `self.net.forward(x)`, also through the class's methods it calls on `self`
+    (`self._noise_loss(x)`), a few calls deep. `name` "__call__" on a class that does not define it
+    is its `forward` (an `nn.Module` subclass). A forward under `torch.no_grad()` (a `with` or a
+    decorator) does not count: it records no gradient to all-reduce."""
+    found = method_of(model, klass, name)
+    if found is None and name == "__call__":
+        found = method_of(model, klass, "forward")
+    if found is None:
+        return frozenset()
+    other, method = found
+
+    def compute() -> frozenset[str]:
+        out: set[str] = set()
+        if decorated_no_grad(method):
+            return frozenset()  # a forward that records no gradient needs no all-reduce
+        for call in method.calls:
+            if under_no_grad(call):
+                continue
+            written = dotted_name(call.node.func) or ""
+            parts = written.split(".")
+            if parts[0] != "self" or len(parts) not in (2, 3) or (len(parts) == 3 and parts[2] != "forward"):
+                continue
+            out.add(parts[1])
+            if len(parts) == 2 and depth < EFFECT_DEPTH and method.klass is not None:
+                out |= forwarded_attributes(other, method.klass, parts[1], depth + 1)
+        return frozenset(out)
+
+    return other.memoized(("forwarded_attributes", id(method), depth), compute, frozenset())
+
+
+@dataclass(frozen=True)
+class StaleHolder:
+    """`self.objective = DenoisingObjective(self.model)` before `self.model =
+    DistributedDataParallel(self.model)`: the holder keeps the raw module in `attribute`, so a forward
+    run through it (`use`) bypasses the wrapper."""
+
+    use: Call  # the call that runs the holder: `self.objective.loss(x)`, `self.objective(x)`
+    holder: str  # `self.objective`
+    built: Call  # `DenoisingObjective(self.model)`
+    wrap: Call  # `DistributedDataParallel(self.model, ...)`
+    wrapped: str  # `self.model`
+    attribute: str  # the holder's attribute that keeps the raw module (`net`)
+
+
+def stale_holders(model: ModuleModel, wrapper_names: tuple[str, ...]) -> list[StaleHolder]:
+    """Calls that run a forward through a holder object built from a module before the module's
+    name was rebound to a wrapper (`wrapper_names`, DDP's qualified name): the holder is an object
+    of a project class (any module) whose `__init__` keeps the argument in an attribute
+    (`self.net = net`) that the called method runs (`self.net(x)`). Not when the holder is built
+    after the wrap (it then holds the wrapper), rebuilt anywhere else, or its attribute is assigned
+    anywhere in this module (`self.objective.net = self.model` after wrapping refreshes it)."""
+    out: list[StaleHolder] = []
+    for wrap in model.calls_named(*wrapper_names):
+        inner = wrap.arg(0, "module")
+        while isinstance(inner, cst.Call) and isinstance(inner.func, cst.Attribute) and inner.func.attr.value in ("cuda", "to"):
+            inner = inner.func.value  # `DDP(model.cuda())` wraps the very object `model` names
+        wrapped = dotted_name(inner)
+        if wrapped is None or not any(a.target == wrapped for a in model.assignments_of(wrap.node)):
+            continue  # not `model = DDP(model)`: the old name still means the raw module, on purpose
+        for built in model.scope_calls(wrap.function):
+            if built.order >= wrap.order or not any(dotted_name(a.value) == wrapped for a in built.args):
+                continue
+            holders = [a for a in model.assignments_of(built.node) if a.kind in ("assign", "annassign")]
+            written = dotted_name(built.node.func)
+            found = model.project_class(written) if written is not None and len(holders) == 1 else None
+            if found is None:
+                continue
+            holder = holders[0].target
+            if len(model.assignments_to(holder)) != 1:
+                continue  # rebuilt somewhere: it may be rebuilt from the wrapper
+            init = method_of(found[0], found[1], "__init__")  # its own, or a base class's
+            if init is None or init[1].klass is None:
+                continue
+            kept = [
+                attribute[len("self."):]
+                for attribute, param in constructor_stores(init[0], init[1].klass).items()
+                if dotted_name(argument_for(built, init[1], param)) == wrapped
+            ]
+            kept = [k for k in kept if not model.assignments_to(f"{holder}.{k}")]
+            if not kept:
+                continue
+            for use in _holder_runs(model, holder, built, wrap):
+                method = "__call__" if use.receiver is None else use.attr or ""
+                forwarded = forwarded_attributes(found[0], found[1], method)
+                for attribute in kept:
+                    if attribute in forwarded:
+                        out.append(StaleHolder(use, holder, built, wrap, wrapped, attribute))
+                        break
+    return out
+
+
+def _holder_runs(model: ModuleModel, holder: str, built: Call, wrap: Call) -> list[Call]:
+    """The calls of the holder (`holder(x)`) or of a method of it (`holder.loss(x)`) that see the
+    holder built by `built` after the wrap: anywhere in the class for a `self.` attribute, later
+    in the same function for a variable."""
+    out: list[Call] = []
+    for call in model.calls:
+        if call.receiver is not None:
+            if dotted_name(call.receiver) != holder:
+                continue
+        elif call.dotted != holder:
+            continue
+        if holder.startswith("self."):
+            if call.function is None or wrap.function is None or call.function.klass != wrap.function.klass:
+                continue
+            if call.function is wrap.function and call.order < wrap.order:
+                continue
+        elif call.function is not wrap.function or call.order < wrap.order:
+            continue
+        out.append(call)
+    return out
+
+
+# ------------------------------------------------------------------ who else writes a value a fix relies on
+
+ANY_ATTRIBUTE = "*"  # `setattr(args, name, value)`, `vars(args).update(...)`: any attribute may change
+
+
+def attribute_writes(model: ModuleModel, function: Function, depth: int = 0) -> frozenset[tuple[str, str]]:
+    """The attributes of its parameters that calling `function` may rebind for its caller, as
+    (parameter, attribute): `args.gpu = ...` on a parameter `args` (`self.device = ...` in a
+    method), `setattr(args, ...)` and `vars(args).update(...)` (ANY_ATTRIBUTE), and what the project
+    functions it hands a parameter on to write on it (`_adopt(args)`), in any module, up to
+    EFFECT_DEPTH calls deep. A parameter handed to a call the analysis cannot follow is not counted
+    here: `rewritten_before` asks that of the call it starts from."""
+
+    def compute() -> frozenset[tuple[str, str]]:
+        params = set(function.params)
+        out: set[tuple[str, str]] = set()
+        for assignment in model.assignments:
+            if assignment.function is not function or assignment.kind not in ("assign", "annassign", "augassign", "unpack", "for", "with"):
+                continue
+            holder, _, attribute = assignment.target.partition(".")
+            if attribute and holder in params:
+                out.add((holder, attribute.partition(".")[0]))
+        for call in function.calls:
+            for param in params:
+                if _writes_through(call, param):
+                    out.add((param, ANY_ATTRIBUTE))
+            if depth >= EFFECT_DEPTH:
+                continue
+            for other, callee in callees(model, call):
+                for param in params:
+                    for inner in _receiving(call, callee, param):
+                        out.update((param, attribute) for written, attribute in attribute_writes(other, callee, depth + 1) if written == inner)
+        return frozenset(out)
+
+    return model.memoized(("attribute_writes", id(function), depth), compute, frozenset())
+
+
+def _writes_through(call: Call, holder: str) -> bool:
+    """`setattr(holder, ...)`, `vars(holder).update(...)`, `holder.__dict__.update(...)`."""
+    if call.dotted == "setattr" and call.args and dotted_name(call.args[0].value) == holder:
+        return True
+    receiver = call.receiver
+    if call.attr == "update" and receiver is not None:
+        if dotted_name(receiver) == f"{holder}.__dict__":
+            return True
+        if isinstance(receiver, cst.Call) and dotted_name(receiver.func) == "vars" and receiver.args:
+            return dotted_name(receiver.args[0].value) == holder
+    return False
+
+
+def _receiving(call: Call, callee: Function, holder: str) -> list[str]:
+    """The parameters of `callee` that `call` binds to the object named `holder`: an argument that
+    is it (by position or keyword), or the receiver of a method call (`holder.setup()` binds `self`)."""
+    out: list[str] = []
+    receiver = dotted_name(call.receiver) if call.receiver is not None else None
+    method = callee.klass is not None and bool(callee.params) and callee.params[0] in ("self", "cls")
+    if receiver == holder and method:
+        out.append(callee.params[0])
+    for param in callee.params:
+        argument = argument_for(call, callee, param) if not (method and param == callee.params[0]) else None
+        if argument is not None and dotted_name(argument) == holder:
+            out.append(param)
+    return out
+
+
+def rewritten_before(model: ModuleModel, name: str, order: int, function: Optional[Function]) -> Optional[Call]:
+    """A call that may rebind the attribute `name` (`args.gpu`, `self.local_rank`) after the
+    assignment that reaches `order` and before `order`, in `function`'s own body: it is handed the
+    object that holds it (`adopt_slot(args)`, `self.setup()`) and either a project function it
+    invokes (any module, base classes included) writes that attribute, or the analysis cannot follow
+    it (neither torch's, Horovod's, a builtin, nor a project function). A fix that reads `name` there
+    is certain only when this is None. None for a plain variable: no call rebinds a function's local."""
+    holder, dot, attribute = name.rpartition(".")
+    if not dot:
+        return None
+    reaching = model.reaching_assignments(name, order, function)
+    if not reaching:
+        return None
+    start = min(a.order for a in reaching)
+    prefixes = {holder, *(holder.rsplit(".", n)[0] for n in range(1, holder.count(".") + 1))}
+    for call in model.scope_calls(function):
+        if not start < call.order < order:
+            continue
+        receiver = dotted_name(call.receiver) if call.receiver is not None else None
+        handed = {dotted_name(a.value) for a in call.args} | {receiver}
+        if not handed & prefixes and not any(_writes_through(call, p) for p in prefixes):
+            continue
+        if _writes_through(call, holder) or (handed & prefixes) - {holder}:
+            return call  # an enclosing object handed over (`self` for `self.cfg.gpu`): anything goes
+        found = callees(model, call)
+        if not found:
+            if _harmless(call):
+                continue
+            return call
+        for other, callee in found:
+            written = attribute_writes(other, callee)
+            if any((param, attribute) in written or (param, ANY_ATTRIBUTE) in written for param in _receiving(call, callee, holder)):
+                return call
+    return None
+
+
+def _harmless(call: Call) -> bool:
+    """A call into torch, Horovod or a builtin (`print(args)`, `isinstance(args, ...)`): it rebinds
+    nothing of what it is handed."""
+    return (call.name or "").split(".")[0] in ("torch", "horovod") or (call.name is None and call.dotted in _BUILTINS)
+
+
 def handed_to_unfollowed(model: ModuleModel, names: frozenset[str]) -> Optional[Call]:
     """A call that runs here and is handed one of the variables `names` (`make_scheduler(optimizer,
     cfg)`) while the analysis cannot see what it does with it: the callee is neither torch's,
@@ -443,7 +1010,7 @@ def handed_to_unfollowed(model: ModuleModel, names: frozenset[str]) -> Optional[
             continue
         if not any(dotted_name(arg.value) in names for arg in call.args):
             continue
-        if (call.name or "").split(".")[0] in ("torch", "horovod") or (call.name is None and call.dotted in _BUILTINS):
+        if _harmless(call):
             continue  # `print(optimizer)`, `isinstance(optimizer, ...)` write no rate
         if not callees(model, call):
             return call

@@ -4,9 +4,7 @@ from __future__ import annotations
 
 from typing import Optional, Union
 
-import libcst as cst
-
-from ddpdoctor.lint.analysis import Call, Function, Guard, Loop, dotted_name, stepping, summaries
+from ddpdoctor.lint.analysis import Call, Function, Loop, summaries
 from ddpdoctor.lint.rules.base import Rule
 
 DDP = "torch.nn.parallel.DistributedDataParallel"
@@ -51,7 +49,7 @@ class AccumulationWithoutNoSync(Rule):
             loop = self.model.iteration(backward)
             if loop is None:
                 continue
-            guard = self._accumulation(backward, loop)
+            guard = summaries.accumulation_guard(self.model, backward, loop)
             if guard is None:
                 continue
             found = self._ddp_forward(loop)
@@ -66,18 +64,6 @@ class AccumulationWithoutNoSync(Rule):
                 f"micro-batches that do not step under `with {forward.dotted}.no_sync():`.",
             )
 
-    def _accumulation(self, backward: Call, loop: Union[Loop, Function]) -> Optional[Guard]:
-        """The accumulation condition the optimizer step of `backward`'s iteration runs under, when
-        gradients do accumulate across iterations of `loop`: not in the `else:` of `if
-        accumulation_steps > 1:` (one backward per step), and no `zero_grad()` before every backward
-        (nothing carries over)."""
-        if any(self._without_accumulation(guard) for guard in backward.ctx.guards):
-            return None
-        if summaries.gradients_cleared_before(self.model, backward, loop):
-            return None
-        step, guard = stepping.conditional_step(self.model, backward, loop)
-        return guard if step is not None else None
-
     def check_project_helpers(self) -> None:
         """A DDP model handed to another project module's function whose loop accumulates
         (`train_one_epoch(model, loader, optimizer, accum_steps=8)`): reported at the call, where
@@ -88,18 +74,10 @@ class AccumulationWithoutNoSync(Rule):
                 o.name == DDP for a in call.args for o in self.model.origin_calls(a.value, call.order, call.function)
             ):
                 continue
-            linked = self.model.linked_function(call)
-            if linked is None:
-                continue
-            other, function = linked
-            judge = type(self)(other)
-            found = judge.accumulating_param(function)
+            found = summaries.called_accumulation(self.model, call)
             if found is None:
                 continue
-            param, guard = found
-            argument = summaries.argument_for(call, function, param)
-            if argument is None:
-                continue
+            other, param, guard, argument = found
             wraps = [o for o in self.model.origin_calls(argument, call.order, call.function) if o.name == DDP]
             if not wraps:
                 continue
@@ -111,42 +89,6 @@ class AccumulationWithoutNoSync(Rule):
                 f"every micro-batch. Run the backward of the micro-batches that do not step under "
                 f"`with model.no_sync():`.",
             )
-
-    def accumulating_param(self, function: Function) -> Optional[tuple[str, Guard]]:
-        """The parameter of `function` whose model a loop of it runs forward and backward on, with
-        the optimizer stepping only under an accumulation condition; and that condition."""
-        if self.model.method_calls("no_sync"):
-            return None
-        for backward in self.model.method_calls("backward"):
-            if backward.function is not function or not backward.loops:
-                continue
-            loop = backward.loops[-1]
-            guard = self._accumulation(backward, loop)
-            if guard is None:
-                continue
-            for call in self.model.calls_within(loop, depth=0):
-                param = summaries.param_name(self.model, function, call.node.func)
-                if param is not None:
-                    return param, guard
-        return None
-
-    @staticmethod
-    def _without_accumulation(guard: Guard) -> bool:
-        """A branch that runs only when the accumulation count is 1: `if accum_steps == 1:`,
-        `if grad_accum <= 1:`, or the `else:` of `if accumulation_steps > 1:`."""
-        test = guard.test
-        if not isinstance(test, cst.Comparison) or len(test.comparisons) != 1:
-            return False
-        name = dotted_name(test.left) or ""
-        if "accum" not in name.rsplit(".", 1)[-1].lower():
-            return False
-        target = test.comparisons[0]
-        if not (isinstance(target.comparator, cst.Integer) and target.comparator.evaluated_value == 1):
-            return False
-        operator = type(target.operator)
-        if guard.negated:
-            return operator in (cst.GreaterThan, cst.NotEqual)
-        return operator in (cst.Equal, cst.LessThanEqual)
 
     def _ddp_forward(self, loop: Union[Loop, Function]) -> Optional[tuple[Call, Call]]:
         """A model called in the loop body (`model(x)`, `self.model(x)`, also in a helper called from

@@ -91,7 +91,7 @@ class ClipWithoutUnscale(Rule):
                     f"this update. Call `{scaler}.unscale_(optimizer)` and clip before `{scaler}.step`.",
                 )
                 continue
-            if any(self._unscales(c) for c in between):
+            if any(summaries.call_unscales(self.model, c) for c in between):
                 continue
             self.report(
                 clip.node,
@@ -144,7 +144,7 @@ class ClipWithoutUnscale(Rule):
                 continue
             other, helper, clipping = found
             between = [c for c in calls if backward.order < c.order < call.order and not conditions.exclusive(self.model, c, call)]
-            if any(self._unscales(c) for c in between) or any(self._steps(c, scaler) for c in between):
+            if any(summaries.call_unscales(self.model, c) for c in between) or any(self._steps(c, scaler) for c in between):
                 continue  # unscaled already, or the step (which unscales) has been taken: another story
             where = "" if other is self.model else f" of {other.shown_path}"
             clip = clipping.clip
@@ -161,14 +161,7 @@ class ClipWithoutUnscale(Rule):
     def _clipping_callee(self, call: Call) -> Optional[tuple[ModuleModel, Function, summaries.Clipping]]:
         """The function `call` invokes (here or in another project module) when its body clips
         gradients before any `unscale_`, outside any precision-mode condition of its own."""
-        callees: list[tuple[ModuleModel, Function]] = [(self.model, f) for f in self.model.resolve_local_function(call)]
-        if not callees:
-            linked = self.model.linked_function(call)
-            callees = [linked] if linked is not None else []
-        for other, function in callees:
-            clipping = summaries.clipping(other, function)
-            if clipping is None or clipping.unscales_first:
-                continue
+        for other, function, clipping in summaries.clipping_callees(self.model, call):
             if precision_dependent(other, clipping.clip, None):
                 continue  # `if not use_amp: clip(...)` inside the helper
             return other, function, clipping
@@ -206,11 +199,3 @@ class ClipWithoutUnscale(Rule):
         )
         return Fix(f"call `{statement}` before clipping", applicable=certain, edits=(edit,))
 
-    def _unscales(self, call: Call) -> bool:
-        """`scaler.unscale_(opt)`, or a helper of this module or another project module that calls it."""
-        if call.attr == "unscale_":
-            return True
-        if any(summaries.unscales(self.model, helper) for helper in self.model.resolve_local_function(call)):
-            return True
-        linked = self.model.linked_function(call) if not (call.name or "").startswith("torch.") else None
-        return linked is not None and summaries.unscales(*linked)

@@ -6,7 +6,7 @@ from typing import Optional
 
 import libcst as cst
 
-from ddpdoctor.lint.analysis import Call, ModuleModel, Runs, WhoRuns, collectives, decided_by_guards, ranks, who_runs
+from ddpdoctor.lint.analysis import Call, ModuleModel, Runs, WhoRuns, collectives, ranks, summaries, who_runs
 from ddpdoctor.lint.rules.base import Rule
 
 COMPLEMENT = {Runs.RANK0: Runs.NONZERO, Runs.NONZERO: Runs.RANK0}
@@ -131,16 +131,10 @@ class CollectiveUnderRankGuard(Rule):
             runs = who_runs(self.model, call)
             if not runs.some_ranks or ranks.group_created_under_guard(self.model, runs, call):
                 continue  # cheap test first: linking reads and parses the other module
-            linked = self.model.linked_function(call)
-            if linked is None:
-                continue
-            other, function = linked
-            for inner in function.calls:
-                name = collectives.collective_name(inner)
-                if name is None or on_subgroup(other, inner) or decided_by_guards(other, inner.ctx.guards):
-                    continue
-                out.append((call, name, runs, (other, inner)))
-                break
+            for other, inner, name in summaries.called_collectives(self.model, call):
+                if not on_subgroup(other, inner):
+                    out.append((call, name, runs, (other, inner)))
+                    break
         return out
 
     def _matched(self, call: Call, name: str, kind: Runs, guarded: list[tuple[Call, str, WhoRuns]]) -> bool:

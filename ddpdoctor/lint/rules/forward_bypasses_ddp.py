@@ -7,7 +7,7 @@ from typing import Optional
 import libcst as cst
 
 from ddpdoctor.findings import Fix
-from ddpdoctor.lint.analysis import Call, Function
+from ddpdoctor.lint.analysis import Call, Function, summaries
 from ddpdoctor.lint.rules.base import Rule
 
 DDP = "torch.nn.parallel.DistributedDataParallel"
@@ -36,13 +36,20 @@ class ForwardBypassesDDP(Rule):
     """
 
     code = "DDP010"
-    trigger_words = (".module(", ".module.forward(", ").module")
+    # A holder built before the wrap (`self.objective.loss(x)` names no `.module`) needs the model's
+    # name rebound to the wrapper here: `model = DDP(model)` as written. Not the bare class name, which
+    # the modules a library imports mention everywhere (each file it lets through is parsed).
+    trigger_words = (
+        ".module(", ".module.forward(", ").module", "= DistributedDataParallel(", "= DDP(",
+        "= nn.parallel.DistributedDataParallel(", "= torch.nn.parallel.DistributedDataParallel(",
+    )
     context_words = ("DistributedDataParallel",)
 
     def check(self) -> None:
         if not self.model.calls_named(DDP):
             return
         self.check_discarded_wrappers()
+        self.check_stale_holders()
         for call in self.model.calls:
             wrapped = self._wrapped_receiver(call)
             if wrapped is None:
@@ -83,6 +90,28 @@ class ForwardBypassesDDP(Rule):
                 f"all-reduced and the replicas drift apart. Keep the DDP object for training "
                 f"(`{assignment.target} = DistributedDataParallel(...)`) and use `.module` only to save or load "
                 f"its state.",
+            )
+
+    def check_stale_holders(self) -> None:
+        """A training forward run through a holder object (a loss or diffusion wrapper, any project
+        module's class) that was handed the raw module before its name was rebound to the DDP
+        wrapper: `self.objective = Objective(self.model)` then `self.model = DDP(self.model)`, then
+        `self.objective.loss(x)` in the training step."""
+        for stale in summaries.stale_holders(self.model, (DDP,)):
+            use = stale.use
+            if self._without_grad(use, 0) or not self._trains(use.function, 0):
+                continue
+            if use.attr is not None and any(part.startswith(EVAL_WORDS) for part in use.attr.lower().split("_")):
+                continue  # `self.evaluator.validate(loader)`: the holder evaluates, whatever calls it
+            callee = self.model.code_of(use.node.func)
+            self.report(
+                use.node,
+                f"`{callee}(...)` runs the forward pass through `{stale.holder}`, built at line "
+                f"{self.line(stale.built.node)} from `{stale.wrapped}` before line {self.line(stale.wrap.node)} "
+                f"rebound `{stale.wrapped}` to the DistributedDataParallel wrapper: it still holds the raw module "
+                f"(in `.{stale.attribute}`), so this training step bypasses DDP, its gradients are never "
+                f"all-reduced and the replicas drift apart. Build `{stale.holder}` after wrapping, or hand it the "
+                f"wrapper (`{stale.holder}.{stale.attribute} = {stale.wrapped}`).",
             )
 
     @staticmethod

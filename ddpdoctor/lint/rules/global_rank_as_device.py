@@ -7,7 +7,7 @@ from typing import Optional
 import libcst as cst
 
 from ddpdoctor.findings import Fix
-from ddpdoctor.lint.analysis import devices, launch, launchfiles, ranks
+from ddpdoctor.lint.analysis import devices, launch, launchfiles, ranks, summaries
 from ddpdoctor.lint.rules.base import Rule
 
 class GlobalRankAsDevice(Rule):
@@ -94,9 +94,12 @@ class GlobalRankAsDevice(Rule):
             return None
         local_rank = ranks.local_rank_expression(self.model, call.order, call.ctx)
         text = devices.index_replacement(written, local_rank) if local_rank is not None else None
-        if text is None:
+        if local_rank is None or text is None:
             return None
-        return Fix(f"use the local rank: `{text}`", applicable=True, edits=(self.replace(written, text),))
+        # Certain only when nothing between its binding and here may rebind what it reads
+        # (`adopt_slot(args)` in another module rewriting `args.gpu`): else a suggestion.
+        certain = summaries.rewritten_before(self.model, local_rank, call.order, call.function) is None
+        return Fix(f"use the local rank: `{text}`", applicable=certain, edits=(self.replace(written, text),))
 
     def origin(self, index: devices.DeviceIndex) -> cst.BaseExpression:
         """Where the global rank is read (`int(os.environ["RANK"])`, `dist.get_rank()`), for the

@@ -7,7 +7,7 @@ from typing import Optional
 import libcst as cst
 
 from ddpdoctor.findings import Fix
-from ddpdoctor.lint.analysis import devices, launch, launcher_env, ranks
+from ddpdoctor.lint.analysis import devices, launch, launcher_env, ranks, summaries
 from ddpdoctor.lint.analysis import Call, Context, ModuleModel, Runs, reaches_several_processes, who_runs
 from ddpdoctor.lint.rules.base import Rule
 
@@ -186,11 +186,15 @@ class HardcodedRank(Rule):
                     where = (assignment.order, assignment.ctx)
         if where is None:
             return None
-        local_rank = ranks.local_rank_expression(self.model, *where)
+        order, ctx = where
+        local_rank = ranks.local_rank_expression(self.model, order, ctx)
         text = devices.index_replacement(node, local_rank) if local_rank is not None else None
-        if text is None:
+        if local_rank is None or text is None:
             return None
-        return Fix(f"use the local rank: `{text}`", applicable=True, edits=(self.replace(node, text),))
+        # Certain only when nothing between its binding and here may rebind what it reads
+        # (`adopt_slot(args)` in another module rewriting `args.gpu`): else a suggestion.
+        certain = summaries.rewritten_before(self.model, local_rank, order, ctx.function) is None
+        return Fix(f"use the local rank: `{text}`", applicable=certain, edits=(self.replace(node, text),))
 
 
 def _names_no_gpu(node: cst.CSTNode) -> bool:

@@ -106,15 +106,9 @@ class MissingSetDevice(Rule):
             # Cheap tests first: linking reads and parses the other module.
             if not self.model.may_link(call) or not launch.runs_in_module(self.model, call.function):
                 continue
-            linked = self.model.linked_function(call)
-            if linked is None:
-                continue
-            other, function = linked
-            if devices.device_pin_calls(other, function) or devices.visible_devices_writes(other, function):
-                continue
-            for init in function.calls:
-                if init.name == launch.INIT_PROCESS_GROUP and launch.may_create_nccl_group(other, init):
-                    helpers.append((call, f"{other.shown_path} line {other.line_of(init.node)}"))
-                    break
+            found = summaries.called_unpinned_group(self.model, call)
+            if found is not None:
+                other, init = found
+                helpers.append((call, f"{other.shown_path} line {other.line_of(init.node)}"))
         return helpers
 

@@ -101,13 +101,10 @@ class MissingSetEpoch(Rule):
         for draw, loaded, order, function, epoch_loop in self._helper_loader_draws():
             if model.runs_at_most_once(epoch_loop):
                 continue
-            built = model.returned_by_project_helper(loaded, order, function)
-            if built is None:
+            built = summaries.helper_built_shuffled_loader(model, loaded, order, function)
+            if built is None or self._epoch_loop_reseeds_something(epoch_loop):
                 continue
-            other, helper, position, loader = built
-            sampler = summaries.returned_shuffled_loaders(other, helper).get(position)
-            if sampler is None or self._epoch_loop_reseeds_something(epoch_loop):
-                continue
+            other, helper, sampler, loader = built
             self.report(
                 draw,
                 f"This training loader comes from {helper.name}() ({other.shown_path} line "
@@ -143,38 +140,22 @@ class MissingSetEpoch(Rule):
         """Calls in a loop of another project module's function that trains on a loader it is given
         (`run_epoch(model, optimizer, train_loader)`), each with that function and the argument passed
         for a parameter its training loop draws from (one entry per such parameter)."""
-        out: list[tuple[Call, Function, cst.BaseExpression]] = []
-        for call in self.model.calls:
-            if not call.loops or not self.model.may_link(call):
-                continue  # cheap tests first: linking reads and parses the other module
-            linked = self.model.linked_function(call)
-            if linked is None:
-                continue
-            other, function = linked
-            for param in summaries.drawn_params(other, function):
-                argument = summaries.argument_for(call, function, param)
-                if argument is not None:
-                    out.append((call, function, argument))
-        return out
+        return [
+            (call, function, argument)
+            for call in self.model.calls
+            if call.loops
+            for function, argument in summaries.drawn_arguments(self.model, call)
+        ]
 
     def _epoch_loop_reseeds_something(self, epoch_loop: Loop) -> bool:
         """Some `set_epoch` runs in the epoch loop (on whatever object), or a call there reaches a
         project helper or a trainer class that calls it."""
         for call in self.model.calls_within(epoch_loop, depth=MAX_CALLERS):
-            if call.attr == "set_epoch":
+            if call.attr == "set_epoch" or summaries.called_epoch_setter(self.model, call) is not None:
                 return True
-            linked = self.model.linked_function(call)
-            if linked is not None and summaries.epoch_set_params(*linked):
-                return True
-            if self._trainer_reseeds(call):
+            if summaries.trainer_sets_epoch(self.model, call):
                 return True
         return False
-
-    def _trainer_reseeds(self, call: Call) -> bool:
-        """`trainer.run_epoch(epoch)` on an object of another project module's class that calls
-        set_epoch somewhere (it may well be the sampler of the loader its constructor was given)."""
-        method = self.model.linked_method(call) if call.attr is not None and call.receiver is not None else None
-        return method is not None and summaries.class_sets_epoch(method[0], method[1].klass or "")
 
     def _report_fixed(self, call: Call, epoch_loop: Loop) -> None:
         value = call.arg(0, "epoch")
@@ -288,16 +269,9 @@ class MissingSetEpoch(Rule):
         for call in self.model.calls:
             if not call.loops or call.attr is None or call.receiver is None:
                 continue  # cheap test first: linking reads and parses the other module
-            linked = self.model.linked_method(call)
-            if linked is None:
-                continue
-            other, method, constructor = linked
-            stored = summaries.constructor_stores(other, method.klass or "")
-            init = summaries.constructor(other, method.klass or "")
-            if init is None:
-                continue
-            params = [param for attribute in summaries.drawn_attributes(other, method) if (param := stored.get(attribute)) is not None]
-            if params:
+            found = summaries.trainer_drawn_params(self.model, call)
+            if found is not None:
+                constructor, init, params = found
                 out.append((call, constructor, init, params))
         return out
 
@@ -306,17 +280,17 @@ class MissingSetEpoch(Rule):
         sampler passed to it (`data.start_epoch(loader, epoch)`), or a method of another project
         module's class that calls set_epoch on anything (it may well be the sampler of the loader
         its constructor was given)."""
-        if self._trainer_reseeds(call):
+        if summaries.trainer_sets_epoch(self.model, call):
             return True
         if not any(
             o is sampler or o in fed for a in call.args for o in self.model.origin_calls(a.value, call.order, call.function)
         ):
             return False  # cheap test first: linking reads and parses the other module
-        linked = self.model.linked_function(call)
-        if linked is None:
+        setter = summaries.called_epoch_setter(self.model, call)
+        if setter is None:
             return False
-        other, function = linked
-        for param in summaries.epoch_set_params(other, function):
+        function, params = setter
+        for param in sorted(params):
             origins = self._argument_origins(call, function, param)
             if sampler in origins or any(origin in fed for origin in origins):
                 return True

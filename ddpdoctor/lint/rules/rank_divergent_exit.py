@@ -3,7 +3,7 @@ only, while the others go on into a collective and wait there until the timeout.
 
 from __future__ import annotations
 
-from ddpdoctor.lint.analysis import Runs, divergence, launch
+from ddpdoctor.lint.analysis import Runs, divergence, launch, summaries
 from ddpdoctor.lint.rules.base import Rule
 
 # What makes a backward a collective: DDP all-reduces in it, Horovod's optimizer starts its all-reduces.
@@ -96,17 +96,7 @@ class RankDivergentExit(Rule):
             )
             if not wrapped:
                 continue
-            linked = self.model.linked_function(call)
-            if linked is None:
-                continue
-            other, function = linked
-            for exit in divergence.exits(other):
-                if exit.function is not function:
-                    continue
-                after = divergence.reaches_collective_after(other, exit)
-                why = divergence.divergent_condition(other, exit) if after is not None else None
-                if after is None or why is None:
-                    continue
+            for other, exit, after, why in summaries.called_divergent_exits(self.model, call):
                 if not exit.loops and why.runs is not None and after.attr != "backward":
                     continue  # DDP009's, at the collective
                 reason = (

@@ -175,17 +175,12 @@ class UnguardedCheckpointSave(Rule):
                 continue
             if who_runs(self.model, call).runs is not Runs.ALL:
                 continue
-            linked = self.model.linked_function(call)
-            if linked is None:
-                continue
-            other, helper = linked
-            found = summaries.unguarded_save(other, helper)
+            found = summaries.called_unguarded_save(self.model, call)
             if found is None:
                 continue
-            save, path_param = found
-            if path_param is not None:
-                path = summaries.argument_for(call, helper, path_param)
-                if path is None or summaries.mentions_rank(self.model, path, call.order, call.function):
+            other, helper, save, path = found
+            if path is not None:
+                if summaries.mentions_rank(self.model, path, call.order, call.function):
                     continue
                 if sharding.per_item_path(self.model, path, call.order, call.function):
                     continue
