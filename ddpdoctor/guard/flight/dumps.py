@@ -127,6 +127,11 @@ def decode(data: bytes) -> dict[str, Any]:
             raise DumpError(f"is not a readable pickle ({type(error).__name__})") from None
     else:
         raise DumpError("is neither a pickled nor a JSON Flight Recorder dump")
+    return plain_dump(value)
+
+
+def plain_dump(value: Any) -> dict[str, Any]:
+    """`value` if it is plain data (bounded) shaped like a dump's top-level dict; DumpError otherwise."""
     _check_plain(value)
     if not isinstance(value, dict) or not isinstance(value.get("entries"), list):
         raise DumpError("has no list of entries: not a Flight Recorder dump")
@@ -234,10 +239,16 @@ def read_dump(path: str, rank: int) -> Dump:
             data = handle.read(MAX_DUMP_BYTES + 1)
     except OSError as error:
         raise DumpError(f"cannot be read: {error.strerror or error}") from None
-    raw = decode(data)
+    return dump_of(decode(data), rank, path)
+
+
+def dump_of(raw: dict[str, Any], rank: int, path: str, max_entries: Optional[int] = None) -> Dump:
+    """The Dump in a top-level dict that `plain_dump` accepted: the same checks whether it came from a file or, as
+    JSON, over the live guard's side channel (which sets a lower `max_entries`)."""
     entries = raw["entries"]
-    if len(entries) > MAX_ENTRIES:
-        raise DumpError(f"has {len(entries)} entries, more than {MAX_ENTRIES}")
+    max_entries = MAX_ENTRIES if max_entries is None else max_entries
+    if len(entries) > max_entries:
+        raise DumpError(f"has {len(entries)} entries, more than {max_entries}")
     version = raw.get("version", "")
     return Dump(rank=rank, path=path, version=_text(version, "version") if version is not None else "",
                 entries=[_entry(e) for e in entries], group_ranks=_group_ranks(raw.get("pg_config")))
