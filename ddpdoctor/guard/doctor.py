@@ -440,13 +440,15 @@ class Doctor:
         self.on_finding(finding)
 
     def _flight_leaving(self, rank: int) -> None:
-        """A rank ends (its last record came, or its connection closed) while others wait in a collective: their
-        records now, while they are there to send them (a launcher stops the rest of a job soon after one rank
-        failed, and a stopped rank sends nothing). Once a run: at a clean end the ranks send theirs as they exit."""
-        waiting = [r for r in self._connected() if r != rank and self.ranks[r].inflight is not None]
-        if waiting and not self.flight.asked_at_leave:
+        """The first rank to end (its last record came, or its connection closed): the others' records now, while
+        they are there to send them. A launcher stops the rest of a job within a moment of one rank's failure, and
+        a rank stopped by a signal while blocked in a collective sends nothing. Once a run: at a clean end this
+        costs each rank one more read of its buffer."""
+        self.flight.exited.add(rank)
+        others = [r for r in self._connected() if r not in self.flight.exited]
+        if others and not self.flight.asked_at_leave:
             self.flight.asked_at_leave = True
-            self.flight.ask(self.send, waiting, self.clock())
+            self.flight.ask(self.send, others, self.clock())
 
     def _flight_or(self, live: Callable[[], None]) -> None:
         """A mismatch seen live: the ranks' Flight Recorders tell it with every rank's shapes and stack, DDP's

@@ -175,8 +175,8 @@ class RankGuard:
     def close(self) -> None:
         if self.closed:
             return
+        self.send_flight(at_exit=True)  # first: the guard asks the other ranks for theirs when it arrives
         self.check_replicas()  # at exit: the last optimizer step's result, if no check saw it yet
-        self.send_flight(at_exit=True)
         self.flush(final=True)
         self.closed = True
         try:

@@ -177,23 +177,23 @@ def test_at_the_end_a_skipped_call_is_grd002_and_a_step_short_is_left_to_grd005(
 
 
 @pytest.mark.parametrize("how", ["its last record", "its connection closing"])
-def test_a_rank_that_ends_while_others_wait_has_their_records_asked_for_at_once(how: str) -> None:
+def test_the_first_rank_to_end_has_the_others_records_asked_for_at_once(how: str) -> None:
     h = Harness(3)
     for rank in (0, 1, 2):
         record(h, rank, None)
-    h.state(0, inflight=["W", 4, 0.5])  # rank 0 waits in a collective; rank 1 does not
     if how == "its last record":
-        record(h, 2, [entry(1)], exit=True)
+        record(h, 2, [entry(1)], exit=True)  # still connected while it exits, but not asked
     else:
         h.doctor.disconnected(2)
-    assert h.sent == [(0, {"t": "fr"})]
+    assert h.sent == [(0, {"t": "fr"}), (1, {"t": "fr"})]
     h.doctor.disconnected(1)  # once a run: the ranks that end next send theirs as they exit
-    assert h.sent == [(0, {"t": "fr"})]
+    record(h, 0, [entry(1)], exit=True)
+    assert len(h.sent) == 2
 
 
-def test_a_rank_that_ends_while_none_waits_asks_for_nothing() -> None:
+def test_without_a_recorder_nothing_is_asked_when_a_rank_ends() -> None:
     h = Harness(2)
     for rank in (0, 1):
-        record(h, rank, None)
-    record(h, 1, [entry(1)], exit=True)
+        record(h, rank, None, on=False)
+    h.doctor.disconnected(1)
     assert h.sent == []

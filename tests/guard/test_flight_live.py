@@ -22,6 +22,9 @@ OFF = {"TORCH_FR_BUFFER_SIZE": "0"}
 JOBS: dict[str, tuple[list[str], dict[str, str]]] = {
     "shape": (forklaunch(2, SHAPE), {}),
     "unused": (forklaunch(2, UNUSED), {}),
+    # Under torchrun rank 0, blocked in gloo, is stopped by torchrun as soon as rank 1 has failed: its record is
+    # asked for the moment rank 1's last one arrives.
+    "unused_torchrun": ([TORCHRUN, "--standalone", "--nproc-per-node", "2", f"fixtures/guard/{UNUSED}"], {}),
     # Forked ranks linger after their script: rank 0 stalls in the barrier and is named then. Under torchrun rank
     # 1 exits, rank 0 fails in gloo, and the records the ranks sent as they exited name it at the end.
     "barrier": (forklaunch(2, BARRIER), {}),
@@ -33,11 +36,11 @@ JOBS: dict[str, tuple[list[str], dict[str, str]]] = {
 
 @pytest.fixture(scope="module")
 def runs() -> Iterator[dict[str, GuardResult]]:
-    """The jobs side by side, three at a time (each waits mostly on gloo or on the stall timeout)."""
+    """The jobs side by side, a few at a time (each waits mostly on gloo or on the stall timeout)."""
     results: dict[str, GuardResult] = {}
     with tempfile.TemporaryDirectory() as tmp:
         names = list(JOBS)
-        for batch in (names[:3], names[3:]):
+        for batch in (names[:4], names[4:]):
             mark = uuid.uuid4().hex
             started = {}
             for name in batch:
@@ -77,15 +80,17 @@ def test_a_rank_that_all_reduces_another_shape_is_told_from_the_recorder_with_bo
     assert [evidence["ranks"][r]["input_sizes"] for r in ("0", "1")] == [[[3]], [[4]]]
 
 
-def test_a_rank_that_leaves_a_parameter_unused_is_named_in_ddps_own_all_reduce(runs: dict[str, GuardResult]) -> None:
-    found = only(runs["unused"], "GRD002")
+@pytest.mark.parametrize("name", ["unused", "unused_torchrun"])
+def test_a_rank_that_leaves_a_parameter_unused_is_named_in_ddps_own_all_reduce(runs: dict[str, GuardResult],
+                                                                               name: str) -> None:
+    found = only(runs[name], "GRD002")
     script, backward, forward = f"fixtures/guard/{UNUSED}", planted(UNUSED, "GRD002"), planted(UNUSED, "forward")
     assert (found["path"], found["line"], found["ranks"]) == (script, backward, [1])
     assert found["message"].startswith(
         f"rank 0 entered all_reduce(float32[81]) at {script}:{backward} during backward() (a gradient hook: DDP's "
         "bucket all-reduce) (collective #7 of the world group, from the Flight Recorder) and rank 1 never did")
     assert f"rank 1's last was #6 broadcast(int32[1]) at {script}:{forward} inside DDP (_pre_forward)" in found["message"]
-    assert runs["unused"].codes() == ["GRD002"]
+    assert runs[name].codes() == ["GRD002"]
 
 
 @pytest.mark.parametrize("name", ["barrier", "barrier_torchrun"])

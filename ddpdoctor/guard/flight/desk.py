@@ -41,6 +41,7 @@ class FlightDesk:
         self.waits: list[_Wait] = []
         self.told: set[tuple[Any, ...]] = set()
         self.asked_at_leave = False
+        self.exited: set[int] = set()  # the ranks that sent their last record or closed their connection
 
     def receive(self, rank: int, on: bool, dump: Optional[Dump]) -> None:
         if on:
