@@ -141,6 +141,13 @@ def test_a_member_with_no_entry_of_a_group(tmp_path: Path) -> None:
     assert judge(tmp_path / "c", {0: rank0, 1: [entry(1)]}, **other) == []
 
 
+def test_a_huge_sequence_id_is_judged_without_walking_up_to_it(tmp_path: Path) -> None:
+    # What a rank sends over the side channel is judged as a file is: an id near 2**63 must not mean 2**63 steps.
+    far = 2**62
+    finding = one(judge(tmp_path, {0: [entry(1), entry(far, record_id=1)], 1: [entry(1)]}), "GRD002")
+    assert finding.details["evidence"]["seq"] == far
+
+
 def test_point_to_point_entries_are_not_compared(tmp_path: Path) -> None:
     rank0 = [entry(1), entry(5, op="send", is_p2p=True, record_id=1)]
     rank1 = [entry(1), entry(5, op="recv", is_p2p=True, record_id=1, sizes=((7,),))]

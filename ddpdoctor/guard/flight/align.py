@@ -224,8 +224,9 @@ def judge_group(group: _Group) -> Optional[Finding]:
     if len(group.members) < 2 or not present:
         return None
     low = max(min(group.calls[r]) for r in present)  # below it, some rank's buffer may have dropped entries
-    high = max(max(group.calls[r]) for r in present)
-    for seq in range(low, high + 1):
+    # The ids some rank holds, not every integer up to the highest: an id is any 64-bit number in what a rank sends.
+    ids = sorted({seq for r in present for seq in group.calls[r] if seq >= low})
+    for seq in ids:
         calls = {r: group.calls[r][seq] for r in group.members if seq in group.calls.get(r, {})}
         if len({key(e) for e in calls.values()}) > 1:
             following = {r: group.calls[r][seq + 1] for r in calls if seq + 1 in group.calls[r]}
@@ -236,8 +237,8 @@ def judge_group(group: _Group) -> Optional[Finding]:
         if missing and calls:
             return _never_entered(group, seq, calls, missing)
     # Everyone reached every id: did some never complete one the others completed?
-    for seq in range(low, high + 1):
-        calls = {r: group.calls[r][seq] for r in group.members if seq in group.calls[r]}
+    for seq in ids:
+        calls = {r: group.calls[r][seq] for r in group.members if seq in group.calls.get(r, {})}
         done = [r for r, e in calls.items() if e.state == "completed"]
         stuck = [r for r, e in calls.items() if e.state != "completed" and _tracks_completion(group.calls[r])]
         if done and stuck:
