@@ -215,8 +215,8 @@ class RankGuard:
         """This rank's Flight Recorder (None where it has none): when the guard asks (a stall, a mismatch), and
         once as the rank exits, so that a rank that ended early has left its record. Announced (whether there is
         one, without its entries) when the process group is up: without one, the guard waits for none."""
-        if (at_exit and self.flight_sent_at_exit) or current is not self:  # a forked child is not this rank
-            return
+        if (at_exit and self.flight_sent_at_exit) or current is not self or not self.joined:
+            return  # sent already; a forked child is not this rank; no process group yet
         self.flight_sent_at_exit |= at_exit
         from ddpdoctor.guard.flight.live import recording, snapshot
 
