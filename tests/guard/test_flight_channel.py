@@ -65,6 +65,12 @@ def test_a_snapshot_keeps_the_newest_entries_within_one_line(monkeypatch: pytest
     assert half is not None and [e["collective_seq_id"] for e in half["entries"]] == [5, 6, 7, 8]
 
 
+def test_a_snapshot_sends_the_newest_entries(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(live, "SENT_ENTRIES", 3)
+    raw = dump([entry(seq) for seq in range(1, 6)])
+    assert [e["collective_seq_id"] for e in live.snapshot(lambda: pickle.dumps(raw))["entries"]] == [3, 4, 5]  # type: ignore[index]
+
+
 def _raise() -> bytes:
     raise RuntimeError("no process group")
 

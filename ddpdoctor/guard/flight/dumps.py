@@ -108,6 +108,19 @@ def _check_plain(value: Any) -> None:
             raise DumpError(f"holds a {type(item).__name__}, which a Flight Recorder dump never does")
 
 
+def unpickle_plain(data: bytes) -> Any:
+    """What a pickle holds, built by the reader that builds nothing but plain data (not yet walked and bounded:
+    `plain_dump` does that; a rank reading its own torch's bytes needs only this)."""
+    try:
+        return _PlainUnpickler(io.BytesIO(data)).load()
+    except DumpError:
+        raise
+    except RecursionError:
+        raise DumpError("is nested too deeply") from None
+    except Exception as error:  # noqa: BLE001 - junk makes the unpickler raise almost anything
+        raise DumpError(f"is not a readable pickle ({type(error).__name__})") from None
+
+
 def decode(data: bytes) -> dict[str, Any]:
     """The dump's top-level dict from the file's bytes (pickle or JSON); DumpError on anything else."""
     stripped = data.lstrip()
@@ -117,14 +130,7 @@ def decode(data: bytes) -> dict[str, Any]:
         except (ValueError, RecursionError) as error:
             raise DumpError(f"is not valid JSON ({str(error).splitlines()[0][:120]})") from None
     elif data[:1] == b"\x80":
-        try:
-            value = _PlainUnpickler(io.BytesIO(data)).load()
-        except DumpError:
-            raise
-        except RecursionError:
-            raise DumpError("is nested too deeply") from None
-        except Exception as error:  # noqa: BLE001 - junk makes the unpickler raise almost anything
-            raise DumpError(f"is not a readable pickle ({type(error).__name__})") from None
+        value = unpickle_plain(data)
     else:
         raise DumpError("is neither a pickled nor a JSON Flight Recorder dump")
     return plain_dump(value)
@@ -144,7 +150,8 @@ def _text(value: Any, what: str) -> str:
     if not isinstance(value, str):
         raise DumpError(f"has a {what} that is not text")
     # Printed on terminals later: no control characters from a file.
-    return "".join(c if c.isprintable() else "?" for c in value[:MAX_TEXT])
+    value = value[:MAX_TEXT]
+    return value if value.isprintable() else "".join(c if c.isprintable() else "?" for c in value)
 
 
 def _int(value: Any, what: str) -> int:

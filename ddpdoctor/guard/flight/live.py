@@ -18,16 +18,21 @@ import os
 import sys
 from typing import Any, Callable, MutableMapping, Optional
 
-from ddpdoctor.guard.flight.dumps import MAX_FRAMES, decode, dump_of
+from ddpdoctor.guard.flight.dumps import MAX_FRAMES, dump_of, unpickle_plain
 from ddpdoctor.guard.flight.userframes import is_user
 from ddpdoctor.guard.schema import MAX_FLIGHT_ENTRIES as MAX_SENT_ENTRIES
 from ddpdoctor.guard.wire import MAX_LINE
 
 BUFFER_ENV = ("TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_TRACE_BUFFER_SIZE")
 # Entries each rank keeps: a few hundred training steps of a small model, several of a large one (DDP's 25 MiB
-# buckets make a 1B-parameter model about 160 all-reduces a step). The first disagreement of a hang or a crash
-# is near its end; a mismatch further back was reported live when it happened.
+# buckets make a 1B-parameter model about 160 all-reduces a step); recording costs the same whatever the size, and
+# a dump torch writes itself (TORCH_FR_DUMP_TEMP_FILE, for `--analyze`) holds them all.
 ENTRIES = 1000
+# The newest entries a rank sends: where ranks part is within the last few calls of the rank that stopped there
+# (a rank blocks at its first unmatched collective; a mismatch further back was seen live when it happened).
+# Reading, pruning and checking cost about 0.1-0.3 ms an entry on each side, so fewer keep a rank's exit and the
+# guard's end short.
+SENT_ENTRIES = 256
 # What one message may carry: within a side-channel line, and no more entries than the guard accepts.
 MAX_SENT_BYTES = MAX_LINE - (64 << 10)
 # Frames kept per entry, innermost first: torch's own down to the user's (they say whether DDP or a backward
@@ -89,8 +94,9 @@ def snapshot(dump: Optional[Callable[[], bytes]] = None) -> Optional[dict[str, A
     if dump is None:
         return None
     try:
-        raw = decode(dump())  # torch's own bytes, still read with the reader that builds nothing but data
-        entries = [_compact(e) for e in raw["entries"][-MAX_SENT_ENTRIES:] if isinstance(e, dict)]
+        # torch's own bytes, still read with the reader that builds nothing but data; what is sent is checked below
+        raw = unpickle_plain(dump())
+        entries = [_compact(e) for e in raw["entries"][-SENT_ENTRIES:] if isinstance(e, dict)]
         config = raw.get("pg_config")
         result = {"version": raw.get("version", ""), "entries": entries,
                   "pg_config": dict(list(config.items())[:256]) if isinstance(config, dict) else {}}
