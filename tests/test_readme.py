@@ -132,6 +132,9 @@ RUN_ELSEWHERE = {
     "ddpdoctor probe --nproc 4 --checks world --links --link-size 64K --inject-fault slow-link:1,2 --plot links.png":
         ("tests/probe/test_probe_links.py", ('"--links"', '"slow-link:1,2"', '"--plot"')),
     "ddpdoctor guard --analyze fr/": ("tests/guard/test_flight_runs.py", ("--analyze", "GRD001")),
+    "ddpdoctor guard -- torchrun --standalone --nproc-per-node 2 fixtures/guard/fr_unused_branch.py": (
+        "tests/guard/test_flight_live.py", ('"fr_unused_branch.py"', '"--standalone", "--nproc-per-node", "2", '
+                                            'f"fixtures/guard/{UNUSED}"', "inside DDP (_pre_forward)")),
     # the user's own job, as the Flight Recorder example runs it (tests/guard/fr_job.py plays it)
     "TORCH_FR_BUFFER_SIZE=2000 TORCH_FR_DUMP_TEMP_FILE=$PWD/fr/rank_ torchrun --standalone --nproc-per-node 2 "
     "train.py": ("tests/guard/test_flight_runs.py", ("TORCH_FR_BUFFER_SIZE", "TORCH_FR_DUMP_TEMP_FILE")),

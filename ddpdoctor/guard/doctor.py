@@ -150,6 +150,10 @@ class Doctor:
         self.stall_quiet_until = 0.0
         # Bounded: each rank's step times, and the collectives around the findings (for --html).
         self.timeline = Timeline()
+        # The ranks' Flight Recorders (imported here: its aligner quotes this module's helpers).
+        from ddpdoctor.guard.flight.desk import FlightDesk
+
+        self.flight = FlightDesk()
 
     # ------------------------------------------------------------------ input
 
@@ -168,6 +172,11 @@ class Doctor:
             if message["t"] == "stack":
                 state.stacks.append(message["frames"])
                 del state.stacks[:-8]
+                return
+            if message["t"] == "fr":
+                self.flight.receive(rank, message["on"], message["dump"])
+                if message["exit"]:
+                    self._flight_leaving(rank)
                 return
             now = self.clock()
             for group, seq, op, signature, path, line in message.get("ev", ()):
@@ -211,6 +220,7 @@ class Doctor:
             if rank in self.ranks:
                 self.ranks[rank].connected = False
                 self.ranks[rank].inflight = None
+                self._flight_leaving(rank)
 
     # ------------------------------------------------------------------ diagnosis
 
@@ -224,9 +234,11 @@ class Doctor:
 
     def _tick(self, final: bool) -> None:
         with self.lock:
+            self.flight.tick(self.clock(), final)
             self._uneven_batches()
             self._uneven_epochs()
             if final:
+                self._flight_end()
                 self._uneven_end()
             self._mismatches(final)
             self._divergence()
@@ -241,9 +253,7 @@ class Doctor:
         name, severity = _name_and_severity(code)
         finding = Finding(code=code, name=name, severity=severity, message=message, path=path, line=line,
                           source="guard", details={"ranks": sorted(ranks), "step": step, "epoch": epoch})
-        self.findings.append(finding)
-        self.timeline.capture(finding, self.ranks, self.clock())
-        self.on_finding(finding)
+        self._emit_finding(finding)
         return finding
 
     def _group_ranks(self, group: str) -> list[int]:
@@ -273,7 +283,8 @@ class Doctor:
                 young = not final and now - self.first_seen.get((group, seq), now) < INCOMPLETE_AFTER_S
                 if young and (not complete or self._extra_side(calls, positions.get(seq + 1, {})) is False):
                     break  # wait for the others and, in a tie, for what each calls next (it tells an extra call)
-                self._report_mismatch(group, seq, calls, positions.get(seq + 1, {}))
+                self._flight_or(functools.partial(self._report_mismatch, group, seq, dict(calls),
+                                                  dict(positions.get(seq + 1, {}))))
                 self.desynced.add(group)
                 del positions[seq]
 
@@ -342,6 +353,7 @@ class Doctor:
             if now < self.stall_quiet_until:
                 return
             self.reported.add("GRD002")
+            self.flight.ask(self.send, self._connected(), now)  # read by the time the stacks are in
             live_missing = {r for r in missing if r in self.ranks and self.ranks[r].connected}
             progress = {r: self.ranks[r].progress for r in live_missing}
             # Two stack samples a second apart: a rank that moves on, or draws batches, is busy
@@ -372,8 +384,12 @@ class Doctor:
         # A rank that has gone, or whose script has returned (no frame left in the file of its last
         # collective), having run fewer collectives than those waiting for it, left the training loop
         # early (a `break`, a skipped batch): that is the cause, the stall its effect. A rank blocked
-        # inside its script is a stall of its own (GRD002 only).
-        self._left_early({r for r in missing if r in self.ranks and self._outside_script(r, stacks.get(r, []))})
+        # inside its script is a stall of its own (GRD002 only). Where the Flight Recorder shows the rank skipped
+        # one particular call (not one more of a repeated one), that call is the cause instead.
+        causes = self.flight.accounts("GRD001")
+        accounts = self.flight.accounts("GRD002")
+        if not any(not account.details["evidence"]["repeats"] for account in accounts):
+            self._left_early({r for r in missing if r in self.ranks and self._outside_script(r, stacks.get(r, []))})
         waited = self.clock() - since
         by_call: dict[Fingerprint, list[int]] = {}
         for r in sorted(waiting):
@@ -404,10 +420,67 @@ class Doctor:
             message = f"{waits}: these collectives cannot match, so none of them will ever complete"
             first = calls[blamed[0]]
             path, line = first[2], first[3]
+        for cause in causes:  # the record shows calls that disagree: said first
+            self._emit_finding(cause)
+        if accounts:
+            message += f". The Flight Recorder: {accounts[0].message}"
+            if path == "<unknown>" or all(self._outside_script(r, stacks.get(r, [])) for r in blamed if r in self.ranks):
+                path, line = accounts[0].path, accounts[0].line  # the missing rank left: where it went astray
         if self.options.on_stall == "stop":
             message += "; the job was stopped"
             self.stop_requested = "GRD002"
-        return self._emit("GRD002", blamed, message, path, line)
+        finding = self._emit("GRD002", blamed, message, path, line)
+        if accounts:
+            finding.details["evidence"] = accounts[0].details["evidence"]
+        return finding
+
+    # ------------------------------------------------------------------ the Flight Recorder
+
+    def _connected(self) -> list[int]:
+        return sorted(r for r, state in self.ranks.items() if state.connected)
+
+    def _emit_finding(self, finding: Finding) -> None:
+        self.findings.append(finding)
+        self.timeline.capture(finding, self.ranks, self.clock())
+        self.on_finding(finding)
+
+    def _flight_leaving(self, rank: int) -> None:
+        """The first rank to end (its last record came, or its connection closed): the others' records now, while
+        they are there to send them. A launcher stops the rest of a job within a moment of one rank's failure, and
+        a rank stopped by a signal while blocked in a collective sends nothing. Once a run: at a clean end this
+        costs each rank one more read of its buffer."""
+        self.flight.exited.add(rank)
+        others = [r for r in self._connected() if r not in self.flight.exited]
+        if others and not self.flight.asked_at_leave:
+            self.flight.asked_at_leave = True
+            self.flight.ask(self.send, others, self.clock())
+
+    def _flight_or(self, live: Callable[[], None]) -> None:
+        """A mismatch seen live: the ranks' Flight Recorders tell it with every rank's shapes and stack, DDP's
+        own collectives included (which may disagree before the call seen here); without them, `live` does."""
+        def then() -> None:
+            accounts = self.flight.accounts("GRD001")
+            for finding in accounts:
+                self._emit_finding(finding)
+            if not accounts:
+                live()
+
+        self.flight.ask(self.send, self._connected(), self.clock(), then)
+
+    def _flight_end(self) -> None:
+        """At the end of the run: what the ranks' last records (sent as they exited) say that the live diagnosis
+        has not. A rank that stopped short of a call the others entered is GRD002 there, unless it is behind
+        in a repeated call (a step's all-reduce): uneven batches, which GRD005 tells with every rank's counts."""
+        if (self.interrupted or self.stop_requested or any(f.code == "GRD005" for f in self.findings)
+                or any(state.counts[JOINS] for state in self.ranks.values())):
+            return  # stopped mid-call, already explained, or under Join (whose shadow calls rightly differ)
+        for finding in self.flight.accounts("GRD001"):
+            if not any(f.code == "GRD001" for f in self.findings):
+                self._emit_finding(finding)
+        for finding in self.flight.accounts("GRD002"):
+            if not finding.details["evidence"]["repeats"] and not any(f.code in ("GRD001", "GRD002")
+                                                                     for f in self.findings):
+                self._emit_finding(finding)
 
     def _outside_script(self, r: int, stacks: list[list[tuple[str, int, str]]]) -> bool:
         state = self.ranks[r]

@@ -102,6 +102,7 @@ class RankGuard:
         self.flush_lock = threading.Lock()
         self.last_sent = 0.0
         self.closed = False
+        self.flight_sent_at_exit = False
         # False while the rank said hello before init_process_group returned.
         self.joined = False
 
@@ -135,6 +136,10 @@ class RankGuard:
         thread = threading.Thread(target=self._reporter, name="ddpdoctor-guard", daemon=True)
         thread.start()
         atexit.register(self.close)
+        # A multiprocessing child (mp.spawn, a forkserver launcher) exits without atexit, but runs these.
+        import multiprocessing.util
+
+        multiprocessing.util.Finalize(None, self.send_flight, (True,), exitpriority=0)
 
     def _handshake(self, sock: socket.socket) -> LineReader:
         """Prove the run's secret on the guard's challenge, and have the guard prove it back on ours:
@@ -170,6 +175,7 @@ class RankGuard:
     def close(self) -> None:
         if self.closed:
             return
+        self.send_flight(at_exit=True)  # first: the guard asks the other ranks for theirs when it arrives
         self.check_replicas()  # at exit: the last optimizer step's result, if no check saw it yet
         self.flush(final=True)
         self.closed = True
@@ -198,10 +204,24 @@ class RankGuard:
         if kind == "stack":
             frame = sys._current_frames().get(self.main_ident or 0)
             self._send({"t": "stack", "frames": frames.stack_of(frame)})
+        elif kind == "fr":
+            self.send_flight()
         elif kind == "stop":
             sys.stderr.write(f"ddpdoctor guard: stopping rank {self.rank} ({message.get('why', 'stopped')})\n")
             sys.stderr.flush()
             os._exit(1)
+
+    def send_flight(self, at_exit: bool = False, announce: bool = False) -> None:
+        """This rank's Flight Recorder (None where it has none): when the guard asks (a stall, a mismatch), and
+        once as the rank exits, so that a rank that ended early has left its record. Announced (whether there is
+        one, without its entries) when the process group is up: without one, the guard waits for none."""
+        if (at_exit and self.flight_sent_at_exit) or current is not self or not self.joined:
+            return  # sent already; a forked child is not this rank; no process group yet
+        self.flight_sent_at_exit |= at_exit
+        from ddpdoctor.guard.flight.live import recording, snapshot
+
+        on = recording()
+        self._send({"t": "fr", "on": on, "dump": snapshot() if on and not announce else None, "exit": at_exit})
 
     def flush(self, final: bool = False) -> None:
         """Send what the main thread recorded since the last flush (a heartbeat at least every second)."""
@@ -446,6 +466,7 @@ def start(options: GuardOptions) -> Optional[RankGuard]:
                 return None
             _became(guard)
         guard.joined = True
+        guard.send_flight(announce=True)
         from ddpdoctor.guard import patches
 
         patches.patch_training()
@@ -538,4 +559,7 @@ def patch_distributed(module: Any) -> None:
     patches.patch_collectives(module)
     options = GuardOptions.from_env()
     if options is not None:
+        from ddpdoctor.guard.flight.live import turn_on
+
+        turn_on()
         start_early(options, *elastic_worker())

@@ -14,6 +14,8 @@ _STYLE = {Severity.ERROR: "bold red", Severity.WARNING: "yellow", Severity.INFO:
 
 def finding_dict(finding: Finding) -> dict[str, Any]:
     listed = {"epochs": list(finding.details["epochs"])} if finding.details.get("epochs") else {}
+    if finding.details.get("evidence"):  # the Flight Recorder's entries behind the finding
+        listed["evidence"] = finding.details["evidence"]
     return {
         "code": finding.code,
         "name": finding.name,

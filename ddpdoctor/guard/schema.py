@@ -13,6 +13,7 @@ import re
 from dataclasses import dataclass
 from typing import Any, Optional
 
+from ddpdoctor.guard.flight.dumps import Dump, DumpError, dump_of, plain_dump
 from ddpdoctor.terminal import escape_controls
 
 MAX_WORLD = 1 << 20
@@ -25,6 +26,7 @@ MAX_EVENTS = 100_000
 MAX_ITEMS = 1024  # steps, hashes, local findings, loaders per message
 MAX_TENSORS = 1_000_000  # parameter and buffer names in one hash report
 MAX_FRAMES = 64
+MAX_FLIGHT_ENTRIES = 4000  # a rank's Flight Recorder entries in one message (flight/live.py sends at most these)
 GUARD_CODES = frozenset(f"GRD00{n}" for n in range(1, 8))
 # A rank's counts (doctor.COUNT_NAMES): batches drawn, DDP forwards, backwards, optimizer steps,
 # collectives, epochs, Join entries, collectives of the whole world.
@@ -167,13 +169,27 @@ def _frame(value: Any) -> tuple[str, int, str]:
     return _text(path, "path"), _int(line, "line"), _text(function, "function", 256)
 
 
+def _flight(value: Any) -> Optional[Dump]:
+    """A rank's Flight Recorder as JSON (None: it has none), checked as a dump file is (flight/dumps.py): plain
+    data only, bounded, every entry's fields typed, text made printable. It never arrives pickled."""
+    if value is None:
+        return None
+    try:
+        return dump_of(plain_dump(value), -1, "the side channel", MAX_FLIGHT_ENTRIES)
+    except DumpError as error:
+        raise BadMessage(f"a Flight Recorder dump that {error}") from None
+
+
 def message(value: dict[str, Any], world_size: int) -> dict[str, Any]:
     """A rank's message after its hello, checked and with its text escaped."""
     kind = value.get("t")
     if kind == "stack":
         return {"t": "stack", "frames": [_frame(f) for f in _list(value.get("frames", []), "frames", MAX_FRAMES)]}
+    if kind == "fr":
+        return {"t": "fr", "on": _bool(value.get("on", False), "on"), "dump": _flight(value.get("dump")),
+                "exit": _bool(value.get("exit", False), "exit")}
     if kind != "state":
-        raise BadMessage("a message that is neither state nor stack")
+        raise BadMessage("a message that is neither state, stack nor fr")
     checked: dict[str, Any] = {"t": "state", "progress": _int(value.get("progress", 0), "progress")}
     if "ev" in value:
         checked["ev"] = [_event(e, world_size) for e in _list(value["ev"], "ev", MAX_EVENTS)]

@@ -70,6 +70,18 @@ def test_one_extra_entry_at_the_end_is_a_rank_that_never_entered(tmp_path: Path)
         in finding.message
 
 
+def test_a_rank_behind_by_a_repeated_call_is_told_apart_from_one_that_skipped_a_call(tmp_path: Path) -> None:
+    # Rank 1 stopped one step short: its last call is the very call it never entered again (uneven batches).
+    steps = [entry(1, line=14), entry(2, line=14), entry(3, line=14)]
+    behind = one(judge(tmp_path / "a", {0: steps, 1: steps[:2]}), "GRD002")
+    assert behind.details["evidence"]["repeats"] is True
+    # Just past: the same operation and shape from another line is a call skipped, not a step short.
+    other_line = [entry(1, line=14), entry(2, line=14), entry(3, line=15)]
+    assert one(judge(tmp_path / "b", {0: other_line, 1: steps[:2]}), "GRD002").details["evidence"]["repeats"] is False
+    other_shape = [*steps[:2], entry(3, sizes=((3,),), line=14)]
+    assert one(judge(tmp_path / "c", {0: other_shape, 1: steps[:2]}), "GRD002").details["evidence"]["repeats"] is False
+
+
 def test_a_mismatch_before_the_end_wins_over_the_missing_entry(tmp_path: Path) -> None:
     findings = judge(tmp_path, {0: [entry(1), entry(2, dtype="Half")], 1: [entry(1), entry(2), entry(3)]})
     assert one(findings, "GRD001").details["evidence"]["seq"] == 2
@@ -81,6 +93,19 @@ def test_shapes_may_differ_where_the_operation_allows_it(tmp_path: Path) -> None
     assert judge(tmp_path / "a", {0: rank0, 1: rank1}) == []
     rank1 = [entry(1, op="all_to_all_single", sizes=((8,),), dtype="Long")]
     assert one(judge(tmp_path / "b", {0: rank0, 1: rank1}), "GRD001")
+
+
+def test_only_the_root_passes_gathers_outputs_and_scatters_inputs(tmp_path: Path) -> None:
+    # As torch 2.13 records gather on gloo: the root lists one output per rank, the others none (seen in a clean run).
+    root = entry(1, op="gather", sizes=((2,),), out_sizes=((2,), (2,)))
+    other = entry(1, op="gather", sizes=((2,),)) | {"output_sizes": [], "output_dtypes": []}
+    assert judge(tmp_path / "a", {0: [root], 1: [other]}) == []
+    scatter_root = entry(1, op="scatter", sizes=((2,), (2,)), out_sizes=((2,),))
+    scatter_other = entry(1, op="scatter", sizes=((2,),)) | {"input_sizes": [], "input_dtypes": []}
+    assert judge(tmp_path / "b", {0: [scatter_root], 1: [scatter_other]}) == []
+    # Just past: the non-root gathers another dtype.
+    other_long = other | {"input_dtypes": ["Long"]}
+    assert one(judge(tmp_path / "c", {0: [root], 1: [other_long]}), "GRD001").details["evidence"]["seq"] == 1
 
 
 def test_ids_a_ring_buffer_dropped_are_not_judged(tmp_path: Path) -> None:
@@ -114,6 +139,13 @@ def test_a_member_with_no_entry_of_a_group(tmp_path: Path) -> None:
     # Not a member by pg_config: nothing is said either.
     other = {"pg_config": {"1": {"name": "1", "desc": "undefined", "ranks": "[0, 2]"}}}
     assert judge(tmp_path / "c", {0: rank0, 1: [entry(1)]}, **other) == []
+
+
+def test_a_huge_sequence_id_is_judged_without_walking_up_to_it(tmp_path: Path) -> None:
+    # What a rank sends over the side channel is judged as a file is: an id near 2**63 must not mean 2**63 steps.
+    far = 2**62
+    finding = one(judge(tmp_path, {0: [entry(1), entry(far, record_id=1)], 1: [entry(1)]}), "GRD002")
+    assert finding.details["evidence"]["seq"] == far
 
 
 def test_point_to_point_entries_are_not_compared(tmp_path: Path) -> None:

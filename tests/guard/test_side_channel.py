@@ -85,7 +85,7 @@ def state(**fields: Any) -> dict[str, Any]:
     ({"local": [{"code": "GRD999", "message": "m", "path": "p", "line": 1}]}, "a local finding's code is not"),
     ({"progress": "3"}, "progress is not an integer"),
     ({"final": 1}, "final is not true or false"),
-    ({"t": "stop"}, "a message that is neither state nor stack"),
+    ({"t": "stop"}, "a message that is neither state, stack nor fr"),
 ])
 def test_bad_messages(fields: dict[str, Any], said: str) -> None:
     with pytest.raises(schema.BadMessage) as error:

@@ -10,7 +10,6 @@ judged: torch keeps the last TORCH_FR_BUFFER_SIZE entries, so older ones may be 
 
 from __future__ import annotations
 
-import re
 from collections import Counter
 from dataclasses import dataclass
 from typing import Any, Optional
@@ -18,6 +17,9 @@ from typing import Any, Optional
 from ddpdoctor.findings import Finding
 from ddpdoctor.guard.doctor import Doctor, Fingerprint, _name_and_severity, ranks_text
 from ddpdoctor.guard.flight.dumps import Dump, Entry, Frame
+from ddpdoctor.guard.flight.userframes import AUTOGRAD as _AUTOGRAD
+from ddpdoctor.guard.flight.userframes import DDP_FILE as _DDP_FILE
+from ddpdoctor.guard.flight.userframes import NOT_USER as _NOT_USER
 from ddpdoctor.guard.frames import display_path
 
 # c10's ScalarType names, as the recorder writes them, in torch's own spelling.
@@ -31,17 +33,9 @@ _SHAPES_MAY_DIFFER = frozenset({
     "ALLGATHER_coalesced", "all_to_all", "all_to_all_single", "all_to_all_v_single", "alltoall", "alltoall_base",
     "gather", "scatter", "reduce_scatter", "_reduce_scatter_base", "reduce_scatter_v",
     "reduce_scatter_tensor_coalesced", "REDUCE_SCATTER_coalesced"})
-# Frames that are not the user's: torch itself (installed or a source tree), the standard library, <string>.
-_NOT_USER = re.compile("|".join((
-    r"^<",  # <string>, <frozen runpy>
-    r"[\\/](site|dist)-packages[\\/](torch|ddpdoctor)[\\/]",
-    r"[\\/]torch[\\/](distributed|nn|autograd|utils|_dynamo|multiprocessing)[\\/]",  # a source tree's torch
-    r"[\\/]torch[\\/]_tensor\.py$",
-    r"[\\/]ddpdoctor[\\/]guard[\\/]",  # the live guard's wrappers around the collectives
-    r"[\\/]lib[\\/]python3\.\d+[\\/](?!site-packages|dist-packages)",  # the standard library
-)))
-_DDP_FILE = re.compile(r"[\\/]torch[\\/]nn[\\/]parallel[\\/]distributed\.py$")
-_AUTOGRAD = re.compile(r"[\\/]torch[\\/]autograd[\\/]")
+# Operations with a root whose tensors only the root passes (gather's outputs, scatter's inputs): the others
+# record none there, so only which dtypes take part is compared.
+_ROOTED = frozenset({"gather", "scatter"})
 STACK_DEPTH = 3  # user frames quoted per rank in a message (all of them go into the JSON evidence)
 
 
@@ -64,6 +58,8 @@ def tensors(entry: Entry) -> str:
 def key(entry: Entry) -> tuple[Any, ...]:
     """What must agree between ranks at one sequence id."""
     op = operation(entry)
+    if op in _ROOTED:
+        return (op, tuple(sorted(set(entry.input_dtypes) | set(entry.output_dtypes))))
     if op in _SHAPES_MAY_DIFFER:
         return (op, entry.input_dtypes, entry.output_dtypes)
     return (op, entry.input_sizes, entry.input_dtypes, entry.output_sizes, entry.output_dtypes)
@@ -191,8 +187,10 @@ def _mismatch(group: _Group, seq: int, calls: dict[int, Entry], following: dict[
 def _never_entered(group: _Group, seq: int, calls: dict[int, Entry], missing: list[int]) -> Finding:
     first = calls[min(calls)]
     lasts = []
+    repeats = True  # every missing rank's last call is the very call it never entered again
     for r in missing:
         mine = group.calls.get(r, {})
+        repeats = repeats and bool(mine) and key(mine[max(mine)]) == key(first) and where(mine[max(mine)]) == where(first)
         if mine:
             last = mine[max(mine)]
             lasts.append(f"rank {r}'s last was #{max(mine)} {describe(last)}"
@@ -202,7 +200,9 @@ def _never_entered(group: _Group, seq: int, calls: dict[int, Entry], missing: li
     message = (f"{ranks_text(sorted(calls))} entered {describe(first)} (collective #{seq} of {_group_label(group)}, "
                f"from the Flight Recorder) and {ranks_text(missing)} never did, so {ranks_text(sorted(calls))} "
                f"{'waits' if len(calls) == 1 else 'wait'} there: " + "; ".join(lasts))
-    return _finding("GRD002", missing, message, first, _evidence(group.name, seq, calls))
+    # A rank behind by one or more of the same repeated call (a training step's all-reduce) drew fewer batches:
+    # the live guard's per-rank counts tell that better (GRD005), and it reads `repeats` to leave it to them.
+    return _finding("GRD002", missing, message, first, {**_evidence(group.name, seq, calls), "repeats": repeats})
 
 
 def _never_completed(group: _Group, seq: int, calls: dict[int, Entry], stuck: list[int],
@@ -224,8 +224,9 @@ def judge_group(group: _Group) -> Optional[Finding]:
     if len(group.members) < 2 or not present:
         return None
     low = max(min(group.calls[r]) for r in present)  # below it, some rank's buffer may have dropped entries
-    high = max(max(group.calls[r]) for r in present)
-    for seq in range(low, high + 1):
+    # The ids some rank holds, not every integer up to the highest: an id is any 64-bit number in what a rank sends.
+    ids = sorted({seq for r in present for seq in group.calls[r] if seq >= low})
+    for seq in ids:
         calls = {r: group.calls[r][seq] for r in group.members if seq in group.calls.get(r, {})}
         if len({key(e) for e in calls.values()}) > 1:
             following = {r: group.calls[r][seq + 1] for r in calls if seq + 1 in group.calls[r]}
@@ -236,8 +237,8 @@ def judge_group(group: _Group) -> Optional[Finding]:
         if missing and calls:
             return _never_entered(group, seq, calls, missing)
     # Everyone reached every id: did some never complete one the others completed?
-    for seq in range(low, high + 1):
-        calls = {r: group.calls[r][seq] for r in group.members if seq in group.calls[r]}
+    for seq in ids:
+        calls = {r: group.calls[r][seq] for r in group.members if seq in group.calls.get(r, {})}
         done = [r for r, e in calls.items() if e.state == "completed"]
         stuck = [r for r, e in calls.items() if e.state != "completed" and _tracks_completion(group.calls[r])]
         if done and stuck:

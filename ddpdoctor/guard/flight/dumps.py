@@ -108,6 +108,19 @@ def _check_plain(value: Any) -> None:
             raise DumpError(f"holds a {type(item).__name__}, which a Flight Recorder dump never does")
 
 
+def unpickle_plain(data: bytes) -> Any:
+    """What a pickle holds, built by the reader that builds nothing but plain data (not yet walked and bounded:
+    `plain_dump` does that; a rank reading its own torch's bytes needs only this)."""
+    try:
+        return _PlainUnpickler(io.BytesIO(data)).load()
+    except DumpError:
+        raise
+    except RecursionError:
+        raise DumpError("is nested too deeply") from None
+    except Exception as error:  # noqa: BLE001 - junk makes the unpickler raise almost anything
+        raise DumpError(f"is not a readable pickle ({type(error).__name__})") from None
+
+
 def decode(data: bytes) -> dict[str, Any]:
     """The dump's top-level dict from the file's bytes (pickle or JSON); DumpError on anything else."""
     stripped = data.lstrip()
@@ -117,16 +130,14 @@ def decode(data: bytes) -> dict[str, Any]:
         except (ValueError, RecursionError) as error:
             raise DumpError(f"is not valid JSON ({str(error).splitlines()[0][:120]})") from None
     elif data[:1] == b"\x80":
-        try:
-            value = _PlainUnpickler(io.BytesIO(data)).load()
-        except DumpError:
-            raise
-        except RecursionError:
-            raise DumpError("is nested too deeply") from None
-        except Exception as error:  # noqa: BLE001 - junk makes the unpickler raise almost anything
-            raise DumpError(f"is not a readable pickle ({type(error).__name__})") from None
+        value = unpickle_plain(data)
     else:
         raise DumpError("is neither a pickled nor a JSON Flight Recorder dump")
+    return plain_dump(value)
+
+
+def plain_dump(value: Any) -> dict[str, Any]:
+    """`value` if it is plain data (bounded) shaped like a dump's top-level dict; DumpError otherwise."""
     _check_plain(value)
     if not isinstance(value, dict) or not isinstance(value.get("entries"), list):
         raise DumpError("has no list of entries: not a Flight Recorder dump")
@@ -139,7 +150,8 @@ def _text(value: Any, what: str) -> str:
     if not isinstance(value, str):
         raise DumpError(f"has a {what} that is not text")
     # Printed on terminals later: no control characters from a file.
-    return "".join(c if c.isprintable() else "?" for c in value[:MAX_TEXT])
+    value = value[:MAX_TEXT]
+    return value if value.isprintable() else "".join(c if c.isprintable() else "?" for c in value)
 
 
 def _int(value: Any, what: str) -> int:
@@ -234,10 +246,16 @@ def read_dump(path: str, rank: int) -> Dump:
             data = handle.read(MAX_DUMP_BYTES + 1)
     except OSError as error:
         raise DumpError(f"cannot be read: {error.strerror or error}") from None
-    raw = decode(data)
+    return dump_of(decode(data), rank, path)
+
+
+def dump_of(raw: dict[str, Any], rank: int, path: str, max_entries: Optional[int] = None) -> Dump:
+    """The Dump in a top-level dict that `plain_dump` accepted: the same checks whether it came from a file or, as
+    JSON, over the live guard's side channel (which sets a lower `max_entries`)."""
     entries = raw["entries"]
-    if len(entries) > MAX_ENTRIES:
-        raise DumpError(f"has {len(entries)} entries, more than {MAX_ENTRIES}")
+    max_entries = MAX_ENTRIES if max_entries is None else max_entries
+    if len(entries) > max_entries:
+        raise DumpError(f"has {len(entries)} entries, more than {max_entries}")
     version = raw.get("version", "")
     return Dump(rank=rank, path=path, version=_text(version, "version") if version is not None else "",
                 entries=[_entry(e) for e in entries], group_ranks=_group_ranks(raw.get("pg_config")))
