@@ -15,13 +15,25 @@ _SKIP: tuple[str, ...] = (_GUARD_DIR, "<frozen ")
 _STDLIB = tuple(os.path.abspath(sysconfig.get_paths()[k]) + os.sep for k in ("stdlib", "platstdlib"))
 
 
+_EXTRA: tuple[str, ...] = ()  # other frameworks' directories (Horovod's), kept when torch's are added
+
+
 def skip_torch_frames() -> None:
     """Also skip torch's own frames (called once torch is imported, so this module need not import it)."""
     global _SKIP
     torch_mod = sys.modules.get("torch")
     torch_file = getattr(torch_mod, "__file__", None)
     if torch_file:
-        _SKIP = (_GUARD_DIR, "<frozen ", os.path.dirname(os.path.abspath(torch_file)) + os.sep)
+        _SKIP = (_GUARD_DIR, "<frozen ", os.path.dirname(os.path.abspath(torch_file)) + os.sep, *_EXTRA)
+
+
+def also_skip(directory: str) -> None:
+    """Skip a framework's own frames too (Horovod's optimizer calls synchronize from its step)."""
+    global _SKIP, _EXTRA
+    prefix = os.path.abspath(directory) + os.sep
+    if prefix not in _EXTRA:
+        _EXTRA += (prefix,)
+        _SKIP += (prefix,)
 
 
 def is_user(filename: str) -> bool:

@@ -281,7 +281,7 @@ def _patch_optimizer() -> None:
 
     def after_step(optimizer: Any, args: Any, kwargs: Any) -> None:
         guard = rank.current
-        if guard is not None:
+        if guard is not None and not optimizer.__dict__.get("_ddpdoctor_counts_itself"):  # Horovod's: horovod.py
             guard.on_step()
 
     register_optimizer_step_post_hook(after_step)
