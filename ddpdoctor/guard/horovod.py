@@ -22,7 +22,6 @@ every rank, and it counts as a Join entry (GRD005 is then silent, as under torch
 from __future__ import annotations
 
 import functools
-import inspect
 import os
 import sys
 import time
@@ -31,6 +30,7 @@ from typing import Any, Callable, Optional
 
 from ddpdoctor.guard import frames, rank
 from ddpdoctor.guard.options import GuardOptions
+from ddpdoctor.guard.patches import _debug, _tensor_type, parameter_index
 
 TARGET = "horovod.torch"
 # The collectives a rank may call through `horovod.torch`, and the operation each one is.
@@ -146,12 +146,15 @@ def _wrap_init(hvd: Any, init: Callable[..., Any]) -> Callable[..., Any]:
     return hvd_init
 
 
-def _parameter_index(function: Callable[..., Any], name: str) -> int:
+def _waited(guard: rank.RankGuard, key: str, seq: int, call: Callable[[], Any]) -> Any:
+    """call(), in flight at (key, seq) while it waits for the other ranks."""
+    started = time.monotonic()
+    if seq >= 0:
+        guard.inflight = (key, seq, started)
     try:
-        names = list(inspect.signature(function).parameters)
-    except (TypeError, ValueError):
-        return -1
-    return names.index(name) if name in names else -1
+        return call()
+    finally:
+        guard.after_wait(started)
 
 
 def _argument(args: tuple[Any, ...], kwargs: dict[str, Any], name: str, index: int) -> Any:
@@ -212,7 +215,7 @@ def group_key(guard: rank.RankGuard, process_set: Any) -> str:
 
 
 def _wrap_collective(hvd: Any, operation: str, function: Callable[..., Any]) -> Callable[..., Any]:
-    at = {name: _parameter_index(function, name) for name in ("op", "average", "root_rank", "process_set")}
+    at = {name: parameter_index(function, name) for name in ("op", "average", "root_rank", "process_set")}
     is_async = function.__name__.endswith(("_async", "_async_"))
     tensor_type = _tensor_type()
 
@@ -230,16 +233,13 @@ def _wrap_collective(hvd: Any, operation: str, function: Callable[..., Any]) -> 
             return function(*args, **kwargs)
         path, line = frames.user_frame(sys._getframe(1))
         seq = guard.record(key, f"hvd.{operation}", signature, path, line)
-        started = time.monotonic()
-        if seq >= 0 and not is_async:
-            guard.inflight = (key, seq, started)
         _depth += 1
         try:
-            result = function(*args, **kwargs)
+            # An async call only enqueues: its wait is in hvd.synchronize(handle).
+            result = function(*args, **kwargs) if is_async else _waited(guard, key, seq,
+                                                                        lambda: function(*args, **kwargs))
         finally:
             _depth -= 1
-            if not is_async:
-                guard.after_wait(started)
         if is_async and seq >= 0 and _hashable(result):
             # Its wait is in hvd.synchronize(handle): that is where it is in flight.
             if len(_handles) >= MAX_HANDLES:
@@ -265,12 +265,7 @@ def _wrap_synchronize(hvd: Any, synchronize: Callable[..., Any]) -> Callable[...
         position = _handles.pop(handle, None) if guard is not None and _hashable(handle) else None
         if guard is None or position is None:
             return synchronize(handle, *args, **kwargs)
-        started = time.monotonic()
-        guard.inflight = (position[0], position[1], started)
-        try:
-            return synchronize(handle, *args, **kwargs)
-        finally:
-            guard.after_wait(started)
+        return _waited(guard, position[0], position[1], lambda: synchronize(handle, *args, **kwargs))
 
     return hvd_synchronize
 
@@ -287,13 +282,7 @@ def _wrap_join(hvd: Any, join: Callable[..., Any]) -> Callable[..., Any]:
         # joined ranks shadowed before it.
         guard.seq["W"] = (guard.seq.get("W", 0) // JOIN_STRIDE + 1) * JOIN_STRIDE
         path, line = frames.user_frame(sys._getframe(1))
-        seq = guard.record("W", "hvd.join", "", path, line)
-        started = time.monotonic()
-        guard.inflight = ("W", seq, started)
-        try:
-            return join(*args, **kwargs)
-        finally:
-            guard.after_wait(started)
+        return _waited(guard, "W", guard.record("W", "hvd.join", "", path, line), lambda: join(*args, **kwargs))
 
     return hvd_join
 
@@ -327,14 +316,8 @@ def _watch_optimizer(optimizer: Any) -> None:
         if guard is None or (process_set is not None and not process_set.included()):
             return original_synchronize()
         path, line = guard.last_forward = frames.user_frame(sys._getframe(1))
-        seq = guard.record(group_key(guard, process_set), OPTIMIZER_OP, summary, path, line)
-        started = time.monotonic()
-        if seq >= 0:
-            guard.inflight = (group_key(guard, process_set), seq, started)
-        try:
-            return original_synchronize()
-        finally:
-            guard.after_wait(started)
+        key = group_key(guard, process_set)
+        return _waited(guard, key, guard.record(key, OPTIMIZER_OP, summary, path, line), original_synchronize)
 
     def step(self: Any, *args: Any, **kwargs: Any) -> Any:
         result = original_step(*args, **kwargs)
@@ -370,11 +353,3 @@ def _hash_after_step(guard: rank.RankGuard, names: list[str], params: list[Any],
         _debug(error)
 
 
-def _tensor_type() -> type:
-    torch = sys.modules.get("torch")
-    return getattr(torch, "Tensor", type(None))
-
-
-def _debug(error: BaseException) -> None:
-    if os.environ.get("DDPDOCTOR_DEBUG"):
-        sys.stderr.write(f"ddpdoctor guard: {type(error).__name__}: {error}\n")

@@ -113,11 +113,16 @@ def _joining(options: GuardOptions, kwargs: dict[str, Any]) -> "rank.RankGuard |
 
 
 def _group_index(function: Callable[..., Any]) -> int:
+    return parameter_index(function, "group")
+
+
+def parameter_index(function: Callable[..., Any], name: str) -> int:
+    """The position of `name` among the function's parameters, -1 when it has none so named."""
     try:
         names = list(inspect.signature(function).parameters)
     except (TypeError, ValueError):
         return -1
-    return names.index("group") if "group" in names else -1
+    return names.index(name) if name in names else -1
 
 
 def _describe(value: Any, tensor_type: type) -> str:
