@@ -10,7 +10,8 @@ What takes a place in the sequence of collectives that every rank must run alike
 and grouped forms are one operation each: a rank that calls `allreduce_async_` where another calls
 `allreduce` is not at odds with it), `broadcast_parameters`, `broadcast_optimizer_state`,
 `broadcast_object`, `allgather_object`, and one "gradient allreduce" per
-`DistributedOptimizer.synchronize()` (which `step()` runs), at the line of the call. Only the names
+`DistributedOptimizer.synchronize()` (which `step()` runs), in its place when backward starts its
+first gradient's allreduce, at the line of that backward. Only the names
 users call through `horovod.torch` are wrapped: Horovod's own modules keep their originals, so the
 per-parameter allreduces the optimizer starts in backward are not counted one by one.
 
@@ -21,6 +22,7 @@ every rank, and it counts as a Join entry (GRD005 is then silent, as under torch
 
 from __future__ import annotations
 
+import atexit
 import functools
 import os
 import sys
@@ -138,7 +140,12 @@ def _wrap_init(hvd: Any, init: Callable[..., Any]) -> Callable[..., Any]:
                 early.after_wait(started)
         if options is not None:
             try:
-                rank.start_as(options, hvd.rank(), hvd.size(), hvd.local_rank(), hvd.local_size())
+                guard = rank.start_as(options, hvd.rank(), hvd.size(), hvd.local_rank(), hvd.local_size())
+                if guard is not None:
+                    # hvd.init() registered Horovod's shutdown at exit, which ends the other ranks' waits
+                    # (and horovodrun then kills this one): the rank's last word must be sent before it.
+                    atexit.unregister(guard.close)
+                    atexit.register(guard.close)
             except Exception as error:  # noqa: BLE001 - never break the user's job
                 _debug(error)
         return result
@@ -179,7 +186,7 @@ def _signature(hvd: Any, operation: str, args: tuple[Any, ...], kwargs: dict[str
     if operation in ("broadcast_parameters",):
         params = args[0] if args else kwargs.get("params")
         items = list(params.values() if isinstance(params, dict) else (p for _, p in params or ()))
-        parts.append(f"{len(items)} tensors")
+        parts.append(f"{len(items)} tensor{'' if len(items) == 1 else 's'}")
     elif tensors:
         dtype = str(tensors[0].dtype).replace("torch.", "")
         if operation in _SHAPES_MAY_DIFFER:
@@ -194,6 +201,10 @@ def _signature(hvd: Any, operation: str, args: tuple[Any, ...], kwargs: dict[str
     root = _argument(args, kwargs, "root_rank", at.get("root_rank", -1))
     if isinstance(root, int):
         parts.append(f"root {root}")
+    name = _argument(args, kwargs, "name", at.get("name", -1))
+    if isinstance(name, str):
+        # Horovod pairs the ranks' calls by name: under different names they wait for each other forever.
+        parts.append(f"name={name[:64]!r}")
     return ", ".join(parts)
 
 
@@ -215,7 +226,7 @@ def group_key(guard: rank.RankGuard, process_set: Any) -> str:
 
 
 def _wrap_collective(hvd: Any, operation: str, function: Callable[..., Any]) -> Callable[..., Any]:
-    at = {name: parameter_index(function, name) for name in ("op", "average", "root_rank", "process_set")}
+    at = {name: parameter_index(function, name) for name in ("op", "average", "root_rank", "name", "process_set")}
     is_async = function.__name__.endswith(("_async", "_async_"))
     tensor_type = _tensor_type()
 
@@ -309,18 +320,41 @@ def _watch_optimizer(optimizer: Any) -> None:
     dtype = str(params[0].dtype).replace("torch.", "") if params else "?"
     summary = f"{len(params)} params, {dtype}[{sum(p.numel() for p in params)}]"
     process_set = getattr(optimizer, "process_set", None)
-    original_synchronize, original_step = optimizer.synchronize, optimizer.step
+    originals = {name: getattr(optimizer, name) for name in ("synchronize", "step", "_allreduce_grad_async",
+                                                              "_grouped_allreduce_grad_async") if hasattr(optimizer, name)}
+    # This step's gradient allreduce: (group, seq) once its first gradient's allreduce started.
+    started: list[tuple[str, int]] = []
+
+    def begin(guard: rank.RankGuard) -> tuple[str, int]:
+        # Its place in the sequence is taken where backward starts the first gradient's allreduce (in a
+        # hook, on the autograd thread under CUDA: the line is the main thread's), as DDP's is at its
+        # forward: a rank that dies in that backward has still reached it. At the backward's line.
+        if not started:
+            main = sys._current_frames().get(guard.main_ident or 0)
+            path, line = guard.last_forward = frames.user_frame(main)
+            key = group_key(guard, process_set)
+            started.append((key, guard.record(key, OPTIMIZER_OP, summary, path, line)))
+        return started[0]
+
+    def gradient_allreduce(name: str) -> Callable[..., Any]:
+        def start_allreduce(self: Any, *args: Any) -> Any:
+            guard = _guard()
+            if guard is not None:
+                begin(guard)
+            return originals[name](*args)
+
+        return start_allreduce
 
     def synchronize(self: Any) -> Any:
         guard = _guard()
         if guard is None or (process_set is not None and not process_set.included()):
-            return original_synchronize()
-        path, line = guard.last_forward = frames.user_frame(sys._getframe(1))
-        key = group_key(guard, process_set)
-        return _waited(guard, key, guard.record(key, OPTIMIZER_OP, summary, path, line), original_synchronize)
+            return originals["synchronize"]()
+        key, seq = begin(guard)
+        started.clear()
+        return _waited(guard, key, seq, originals["synchronize"])
 
     def step(self: Any, *args: Any, **kwargs: Any) -> Any:
-        result = original_step(*args, **kwargs)
+        result = originals["step"](*args, **kwargs)
         guard = _guard()
         if guard is not None:
             guard.on_step()
@@ -329,11 +363,14 @@ def _watch_optimizer(optimizer: Any) -> None:
                 _hash_after_step(guard, names, params, frames.user_frame(sys._getframe(1)))
         return result
 
-    # Bound methods on the instance: what step() calls, and what an LR scheduler re-wraps (it takes
-    # `optimizer.step.__func__`). torch's own step hooks fire twice for a DistributedOptimizer (its
-    # class and the wrapped optimizer's both count): the guard counts this step() once instead.
-    optimizer.synchronize = types.MethodType(synchronize, optimizer)
-    optimizer.step = types.MethodType(step, optimizer)
+    # Bound methods on the instance: what step() and the gradient hooks call, and what an LR scheduler
+    # re-wraps (it takes `optimizer.step.__func__`). torch's own step hooks fire twice for a
+    # DistributedOptimizer (its class and the wrapped optimizer's both count): the guard counts this
+    # step() once instead.
+    wrappers = {"synchronize": synchronize, "step": step, "_allreduce_grad_async": gradient_allreduce(
+        "_allreduce_grad_async"), "_grouped_allreduce_grad_async": gradient_allreduce("_grouped_allreduce_grad_async")}
+    for name in originals:
+        setattr(optimizer, name, types.MethodType(wrappers[name], optimizer))
     optimizer.__dict__["_ddpdoctor_counts_itself"] = True
     guard = rank.current
     if guard is not None:

@@ -8,7 +8,8 @@ import os
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any
+from types import SimpleNamespace
+from typing import Any, Sequence
 
 import pytest
 
@@ -17,7 +18,7 @@ from guard_helpers import FIXTURES, GuardResult, planted, run_guard
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "probe"))
 from hvd_helpers import require_horovod  # noqa: E402
 
-from ddpdoctor.guard import horovod  # noqa: E402
+from ddpdoctor.guard import horovod, patches  # noqa: E402
 from test_guard_doctor import Harness  # noqa: E402
 
 SCRIPT = "fixtures/guard/{}"
@@ -25,10 +26,10 @@ HOROVODRUN = os.path.join(os.path.dirname(sys.executable), "horovodrun")
 OPTIMIZER = "hvd.DistributedOptimizer gradient allreduce(4 params, float32[161])"
 
 
-def run_horovod(script: str, *guard_args: str) -> GuardResult:
+def run_horovod(script: str, *guard_args: str, script_args: Sequence[str] = ()) -> GuardResult:
     require_horovod()
     return run_guard(*guard_args, command=[HOROVODRUN, "-np", "2", "-H", "localhost:2", sys.executable,
-                                           SCRIPT.format(script)], timeout=200)
+                                           SCRIPT.format(script), *script_args], timeout=200)
 
 
 def at(result: GuardResult, code: str, script: str) -> dict[str, Any]:
@@ -58,20 +59,21 @@ def test_a_rank_that_allreduces_another_shape_is_named_with_both_shapes() -> Non
     mismatch = at(run, "GRD001", "horovod_shape.py")
     assert mismatch["ranks"] == [0, 1]  # two ranks: a tie, no majority
     line = planted("horovod_shape.py", "GRD001")
-    assert (f"rank 0 called hvd.allreduce(float32[2], Average) at fixtures/guard/horovod_shape.py:{line} while "
-            f"rank 1 called hvd.allreduce(float32[3], Average)") in mismatch["message"]
+    assert (f"rank 0 called hvd.allreduce(float32[2], Average, name='metrics') at fixtures/guard/horovod_shape.py:"
+            f"{line} while rank 1 called hvd.allreduce(float32[3], Average, name='metrics')") in mismatch["message"]
     assert mismatch["message"].startswith("at collective #3, ")  # after broadcast_parameters and one step
 
 
 @pytest.mark.slow
-def test_a_rank_that_skips_a_batch_is_named_with_its_last_line() -> None:
-    run = run_horovod("horovod_skip.py")
+@pytest.mark.parametrize("how, rank1", [("continue", "4 batches, 0 DDP forwards, 3 backwards, 3 optimizer steps, 4"),
+                                        ("break", "2 batches, 0 DDP forwards, 1 backwards, 1 optimizer steps, 2")])
+def test_a_rank_that_skips_a_batch_or_stops_early_is_named_with_its_last_line(how: str, rank1: str) -> None:
+    run = run_horovod("horovod_skip.py", script_args=[how])
     assert run.returncode == 1 and run.codes() == ["GRD005"], run.stderr[-3000:]
     uneven = at(run, "GRD005", "horovod_skip.py")
     assert uneven["ranks"] == [1]
     assert "rank 1 finished after fewer collectives than the others" in uneven["message"]
-    assert "rank 0: 4 batches, 0 DDP forwards, 4 backwards" in uneven["message"]
-    assert "rank 1: 4 batches, 0 DDP forwards, 3 backwards, 3 optimizer steps, 4 collectives" in uneven["message"]
+    assert f"rank 1: {rank1} collectives" in uneven["message"]
     assert f"its last collective was {OPTIMIZER}" in uneven["message"]
     assert "call hvd.join()" in uneven["message"] and "Join([model])" not in uneven["message"]
 
@@ -160,6 +162,63 @@ def test_the_import_hook_patches_horovod_torch_when_imported() -> None:
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     # What users call through horovod.torch is wrapped; Horovod's own modules keep the originals.
     assert out.stdout.strip() == str([True] * 6 + [False, False])
+
+
+def _allreduce(tensor: Any, average: Any = None, name: Any = None, op: Any = None, process_set: Any = None) -> None:
+    pass
+
+
+def _broadcast(tensor: Any, root_rank: int, name: Any = None, process_set: Any = None) -> None:
+    pass
+
+
+def _allgather(tensor: Any, name: Any = None, process_set: Any = None) -> None:
+    pass
+
+
+def _broadcast_parameters(params: Any, root_rank: int) -> None:
+    pass
+
+
+FAKE_HVD = SimpleNamespace(Average=1, Sum=2, Adasum=3, Min=4, Max=5, Product=6)
+
+
+@pytest.mark.parametrize("operation, function, args, kwargs, expected", [
+    ("allreduce", _allreduce, ("T23",), {}, "float32[2, 3], Average"),
+    ("allreduce", _allreduce, ("T23",), {"op": 2}, "float32[2, 3], Sum"),
+    ("allreduce", _allreduce, ("T23", False), {}, "float32[2, 3], Sum"),  # the old average=False
+    ("allreduce", _allreduce, ("T23",), {"name": "loss", "op": 4}, "float32[2, 3], Min, name='loss'"),
+    ("grouped_allreduce", _allreduce, (["T23", "T4"],), {}, "2xfloat32[10], Average"),
+    ("broadcast", _broadcast, ("T4", 1), {}, "float32[4], root 1"),
+    ("allgather", _allgather, ("T23",), {}, "float32"),  # the first dimension may differ between ranks
+    ("broadcast_parameters", _broadcast_parameters, ({"a": "T4", "b": "T23"},), {"root_rank": 0}, "2 tensors, root 0"),
+    ("broadcast_parameters", _broadcast_parameters, ([("a", "T4")], 0), {}, "1 tensor, root 0"),
+])
+def test_what_horovod_ranks_must_agree_on(operation: str, function: Any, args: tuple[Any, ...],
+                                          kwargs: dict[str, Any], expected: str) -> None:
+    import torch
+
+    made = {"T23": torch.zeros(2, 3), "T4": torch.zeros(4)}
+
+    def real(value: Any) -> Any:
+        if isinstance(value, list):
+            return [real(v) for v in value]
+        if isinstance(value, dict):
+            return {k: real(v) for k, v in value.items()}
+        if isinstance(value, tuple):
+            return tuple(real(v) for v in value)
+        return made.get(value, value) if isinstance(value, str) else value
+
+    at = {name: patches.parameter_index(function, name) for name in ("op", "average", "root_rank", "name")}
+    signature = horovod._signature(FAKE_HVD, operation, real(args), real(kwargs), at, torch.Tensor)
+    assert signature == expected
+
+
+def test_process_sets_key_like_torch_subgroups() -> None:
+    guard = SimpleNamespace(world_size=4)
+    assert horovod.group_key(guard, None) == "W"  # type: ignore[arg-type]
+    assert horovod.group_key(guard, SimpleNamespace(ranks=[0, 1, 2, 3])) == "W"  # type: ignore[arg-type]
+    assert horovod.group_key(guard, SimpleNamespace(ranks=[3, 1])) == "1,3"  # type: ignore[arg-type]
 
 
 def test_hvd_join_realigns_the_sequences_after_uneven_inputs() -> None:
