@@ -92,6 +92,16 @@ def test_a_rank_that_stalls_is_named_with_where_it_is() -> None:
 
 
 @pytest.mark.slow
+def test_a_rank_stuck_before_hvd_init_is_named_by_its_launchers_rank() -> None:
+    run = run_horovod("horovod_late_init.py", "--stall-timeout", "3")
+    assert run.returncode == 1 and run.codes() == ["GRD002"], run.stderr[-3000:]
+    stall = at(run, "GRD002", "horovod_late_init.py")
+    line = planted("horovod_late_init.py", "GRD002")
+    assert stall["ranks"] == [1] and "rank 0 waited" in stall["message"] and "in hvd.init()" in stall["message"]
+    assert f"rank 1 is at fixtures/guard/horovod_late_init.py:{line} in <module>" in stall["message"]
+
+
+@pytest.mark.slow
 def test_replicas_that_drift_are_compared_right_after_the_step() -> None:
     run = run_horovod("horovod_drift.py", "--every", "2")
     assert run.returncode == 1 and run.codes() == ["GRD003"], run.stderr[-3000:]
