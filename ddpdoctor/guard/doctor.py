@@ -68,9 +68,9 @@ def _fewer(counts: dict[int, list[int]]) -> list[int]:
     return sorted(r for r, n in ran.items() if n < most)
 
 
-def _counted(counts: dict[int, list[int]]) -> str:
-    return "; ".join(f"rank {r}: " + ", ".join(f"{c[i]} {COUNT_NAMES[i]}" for i in (BATCHES, FORWARDS, BACKWARDS,
-                                                                                     STEPS, WORLD))
+def _counted(counts: dict[int, list[int]], horovod: bool = False) -> str:
+    shown = (BATCHES, BACKWARDS, STEPS, WORLD) if horovod else (BATCHES, FORWARDS, BACKWARDS, STEPS, WORLD)
+    return "; ".join(f"rank {r}: " + ", ".join(f"{c[i]} {COUNT_NAMES[i]}" for i in shown)
                      for r, c in sorted(counts.items()))
 
 
@@ -564,7 +564,7 @@ class Doctor:
                 during = f"in epoch {begun}" if begun is not None else "before the first epoch"
                 self._emit("GRD005", odd,
                            f"{during}, {ranks_text(odd)} ran fewer collectives than the others (counted when "
-                           f"set_epoch({mark[0]}) at {mark[5]}:{mark[6]} began the next): {_counted(counts)}. "
+                           f"set_epoch({mark[0]}) at {mark[5]}:{mark[6]} began the next): {_counted(counts, self._horovod())}. "
                            f"{ranks_text(odd).capitalize()} skipped a batch's forward and backward (a `continue`) or "
                            f"stopped drawing batches early (a `break`) in the loop here: from "
                            f"then on its gradient all-reduces pair with the wrong ones, and the job ends in a hang "
@@ -601,7 +601,7 @@ class Doctor:
         path, line = (last[2], last[3]) if last else ("<unknown>", 0)
         self._emit("GRD005", odd,
                    f"{ranks_text(odd)} {gone} after fewer collectives than the others, who waited for "
-                   f"{'it' if len(odd) == 1 else 'them'} in vain: {_counted(counts)}{after}. A rank that skips a "
+                   f"{'it' if len(odd) == 1 else 'them'} in vain: {_counted(counts, self._horovod())}{after}. A rank that skips a "
                    f"batch (`continue`) or stops one early (`break`) ends like this, in a hang or in \"Connection "
                    f"closed by peer\" (a rank that raised ends like this too: then its traceback is the cause). "
                    f"{self._even_advice()}", path, line)
