@@ -174,6 +174,23 @@ def test_the_import_hook_patches_horovod_torch_when_imported() -> None:
     assert out.stdout.strip() == str([True] * 6 + [False, False])
 
 
+def test_a_patched_distributed_optimizer_still_works_with_an_lr_scheduler() -> None:
+    # The scheduler re-wraps `optimizer.step.__func__`: the guard's step must stay a bound method, and
+    # torch must still see the step (no "lr_scheduler.step() before optimizer.step()" warning).
+    require_horovod()
+    code = ("import warnings; warnings.simplefilter('error'); import ddpdoctor.guard.horovod as h; h.watch(); "
+            "import horovod.torch as hvd, torch; hvd.init(); net = torch.nn.Linear(2, 1); "
+            "opt = hvd.DistributedOptimizer(torch.optim.SGD(net.parameters(), lr=0.1), "
+            "named_parameters=net.named_parameters()); "
+            "sched = torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.5)\n"
+            "for _ in range(2):\n"
+            "    opt.zero_grad(); net(torch.ones(4, 2)).sum().backward(); opt.step(); sched.step()\n"
+            "print(opt.param_groups[0]['lr'], opt.__dict__['_ddpdoctor_counts_itself'])")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split() == ["0.025", "True"]
+
+
 def _allreduce(tensor: Any, average: Any = None, name: Any = None, op: Any = None, process_set: Any = None) -> None:
     pass
 
