@@ -58,6 +58,8 @@ def ranks_text(ranks: "list[int] | set[int]") -> str:
 
 _EVEN_ADVICE = ("Give every rank the same batches and the same forward and backward for each (DistributedSampler "
                 "with drop_last=True), or wrap the loop in torch.distributed.algorithms.Join([model])")
+_HOROVOD_EVEN_ADVICE = ("Give every rank the same batches and the same backward and optimizer step for each "
+                        "(DistributedSampler with drop_last=True), or call hvd.join() when a rank's data runs out")
 
 
 def _fewer(counts: dict[int, list[int]]) -> list[int]:
@@ -67,10 +69,22 @@ def _fewer(counts: dict[int, list[int]]) -> list[int]:
     return sorted(r for r, n in ran.items() if n < most)
 
 
-def _counted(counts: dict[int, list[int]]) -> str:
-    return "; ".join(f"rank {r}: " + ", ".join(f"{c[i]} {COUNT_NAMES[i]}" for i in (BATCHES, FORWARDS, BACKWARDS,
-                                                                                     STEPS, WORLD))
+def _counted(counts: dict[int, list[int]], horovod: bool = False) -> str:
+    shown = (BATCHES, BACKWARDS, STEPS, WORLD) if horovod else (BATCHES, FORWARDS, BACKWARDS, STEPS, WORLD)
+    return "; ".join(f"rank {r}: " + ", ".join(f"{c[i]} {COUNT_NAMES[i]}" for i in shown)
                      for r, c in sorted(counts.items()))
+
+
+def _realign(positions: dict[int, dict[int, Fingerprint]], members: list[int]) -> list[int]:
+    """Where every rank has called hvd.join() (a new stretch of sequence numbers on each, see
+    guard/horovod.py), the calls before it that some ranks never made were shadowed by the ranks that
+    had joined: nothing before it is compared any more."""
+    joined = [seq for seq, calls in positions.items()
+              if calls and all(r in calls for r in members) and all(fp[0] == "hvd.join" for fp in calls.values())]
+    dropped = [s for s in positions if joined and s < max(joined)]
+    for seq in dropped:
+        del positions[seq]
+    return dropped
 
 
 def describe(fingerprint: Fingerprint) -> str:
@@ -235,7 +249,7 @@ class Doctor:
     def _tick(self, final: bool) -> None:
         with self.lock:
             self.flight.tick(self.clock(), final)
-            self._uneven_batches()
+            self._uneven_batches(final)
             self._uneven_epochs()
             if final:
                 self._flight_end()
@@ -267,6 +281,8 @@ class Doctor:
             return  # uneven batches already explain every misaligned collective that follows
         for group, positions in self.sequence.items():
             members = self._group_ranks(group)
+            for seq in _realign(positions, members):
+                self.first_seen.pop((group, seq), None)
             for seq in sorted(positions):
                 calls = positions[seq]
                 complete = all(r in calls for r in members)
@@ -529,18 +545,34 @@ class Doctor:
                 differing = sum(1 for i in range(len(names)) if len({e["values"][i] for e in reports.values()
                                                                      if i < len(e["values"])}) > 1)
                 versus = f"from {ranks_text(others)}" if others else "from each other"
+                synced = "Horovod's gradient allreduce" if kind == "step" else "DDP's all-reduce"
                 entry = reports[odd[0]]
-                what, where = (("parameters and buffers", "checked before the forward here") if kind == "forward"
-                               else ("parameters", "checked after the last step of an epoch or of the run; its "
-                                     "last forward was here"))
+                what, where = {"forward": ("parameters and buffers", "checked before the forward here"),
+                               "step": ("parameters", "checked right after the optimizer step called here")}.get(
+                    kind, ("parameters", "checked after the last step of an epoch or of the run; its last forward "
+                           "was here"))
                 self._emit("GRD003", odd,
                            f"after optimizer step {step}, {name!r} on {ranks_text(odd)} differs {versus} "
                            f"({differing} of {len(names)} {what} differ; {name!r} is the first): "
                            "the replicas no longer train the same model; something updated a parameter or buffer "
-                           f"on some ranks only, after DDP's all-reduce ({where})",
+                           f"on some ranks only, after {synced} ({where})",
                            entry.get("path", "<unknown>"), int(entry.get("line", 0)), step=step)
 
-    def _uneven_batches(self) -> None:
+    def _horovod(self) -> bool:
+        """A Horovod job (guard/horovod.py records its collectives as hvd.*)."""
+        return any(fp[0].startswith("hvd.") for state in self.ranks.values() for fp in state.recent.values())
+
+    def _even_advice(self) -> str:
+        return _HOROVOD_EVEN_ADVICE if self._horovod() else _EVEN_ADVICE
+
+    def _uneven_batches(self, final: bool = False) -> None:
+        # Under Horovod a rank whose data ran out may call hvd.join() right after its loop, and its
+        # allreduces then stand in for the others': there, uneven counts are judged only once a longer
+        # rank has waited in a collective (or left, or the job ended) and no rank has joined.
+        horovod = self._horovod()
+        if horovod and any(state.counts[JOINS] for state in self.ranks.values()):
+            return
+        now = self.clock()
         passes: dict[tuple[str, int], dict[int, list[Any]]] = {}
         for r, state in self.ranks.items():
             for key, snapshot in state.loaders.items():
@@ -555,10 +587,12 @@ class Doctor:
                 continue
             if not all(s[5] or s[3] <= 1 for s in by_rank.values()):
                 continue  # no collective between batches: uneven counts do not hang anything
-            self.reported.add(("GRD005", key, epoch))
             counts = {r: int(s[3]) for r, s in by_rank.items()}
             shortest = min(done)
             longer = sorted(r for r, c in counts.items() if c > shortest)
+            if horovod and not final and not any(self._stuck(r, now) for r in longer):
+                continue
+            self.reported.add(("GRD005", key, epoch))
             finished = sorted(r for r, s in by_rank.items() if s[4] and s[3] == shortest)
             path, line = by_rank[longer[0]][0], int(by_rank[longer[0]][1])
             counted = ", ".join(f"rank {r}: {c}{'' if by_rank[r][4] else '+'}" for r, c in sorted(counts.items()))
@@ -567,9 +601,14 @@ class Doctor:
                        f"({counted}); {ranks_text(finished)} {'has' if len(finished) == 1 else 'have'} finished, so "
                        f"the next collective of {ranks_text(longer)} has no partner and the job hangs there. Give "
                        "every rank the same number of batches (DistributedSampler pads the shards; drop_last=True "
-                       "drops the uneven tail) or wrap the loop in torch.distributed.algorithms.Join([model]), "
-                       "which lets the finished ranks shadow the others' collectives",
+                       "drops the uneven tail) or " + ("call hvd.join() when a rank's data runs out" if horovod else
+                                                       "wrap the loop in torch.distributed.algorithms.Join([model])")
+                       + ", which lets the finished ranks shadow the others' collectives",
                        path, line, epoch=epoch)
+
+    def _stuck(self, r: int, now: float) -> bool:
+        state = self.ranks[r]
+        return not state.connected or (state.inflight is not None and now - state.inflight[2] >= INCOMPLETE_AFTER_S)
 
     def _uneven_epochs(self) -> None:
         """At the start of each of the script's epochs, every rank must have run as many collectives
@@ -603,11 +642,11 @@ class Doctor:
                 during = f"in epoch {begun}" if begun is not None else "before the first epoch"
                 self._emit("GRD005", odd,
                            f"{during}, {ranks_text(odd)} ran fewer collectives than the others (counted when "
-                           f"set_epoch({mark[0]}) at {mark[5]}:{mark[6]} began the next): {_counted(counts)}. "
+                           f"set_epoch({mark[0]}) at {mark[5]}:{mark[6]} began the next): {_counted(counts, self._horovod())}. "
                            f"{ranks_text(odd).capitalize()} skipped a batch's forward and backward (a `continue`) or "
                            f"stopped drawing batches early (a `break`) in the loop here: from "
                            f"then on its gradient all-reduces pair with the wrong ones, and the job ends in a hang "
-                           f"or in \"Connection closed by peer\" when the first rank leaves. {_EVEN_ADVICE}",
+                           f"or in \"Connection closed by peer\" when the first rank leaves. {self._even_advice()}",
                            path, line, epoch=begun)
                 return
 
@@ -640,10 +679,10 @@ class Doctor:
         path, line = (last[2], last[3]) if last else ("<unknown>", 0)
         self._emit("GRD005", odd,
                    f"{ranks_text(odd)} {gone} after fewer collectives than the others, who waited for "
-                   f"{'it' if len(odd) == 1 else 'them'} in vain: {_counted(counts)}{after}. A rank that skips a "
+                   f"{'it' if len(odd) == 1 else 'them'} in vain: {_counted(counts, self._horovod())}{after}. A rank that skips a "
                    f"batch (`continue`) or stops one early (`break`) ends like this, in a hang or in \"Connection "
                    f"closed by peer\" (a rank that raised ends like this too: then its traceback is the cause). "
-                   f"{_EVEN_ADVICE}", path, line)
+                   f"{self._even_advice()}", path, line)
         return True
 
     def summary(self) -> dict[str, int]:

@@ -19,6 +19,7 @@ _STDLIB = tuple(os.path.abspath(sysconfig.get_paths()[k]) + os.sep for k in ("st
 # user_frame walks (a few per forward and per collective), so once per file, not per frame.
 _paths: dict[str, Optional[str]] = {}
 MAX_PATHS = 4096
+_EXTRA: tuple[str, ...] = ()  # other frameworks' directories (Horovod's), kept when torch's are added
 
 
 def skip_torch_frames() -> None:
@@ -27,8 +28,18 @@ def skip_torch_frames() -> None:
     torch_mod = sys.modules.get("torch")
     torch_file = getattr(torch_mod, "__file__", None)
     if torch_file:
-        _SKIP = (_GUARD_DIR, "<frozen ", os.path.dirname(os.path.abspath(torch_file)) + os.sep)
+        _SKIP = (_GUARD_DIR, "<frozen ", os.path.dirname(os.path.abspath(torch_file)) + os.sep, *_EXTRA)
         _paths.clear()
+
+
+def also_skip(directory: str) -> None:
+    """Skip a framework's own frames too (Horovod's optimizer calls synchronize from its step)."""
+    global _SKIP, _EXTRA
+    prefix = os.path.abspath(directory) + os.sep
+    if prefix not in _EXTRA:
+        _EXTRA += (prefix,)
+        _SKIP += (prefix,)
+        _paths.clear()  # a file decided before may now be skipped
 
 
 def is_user(filename: str) -> bool:

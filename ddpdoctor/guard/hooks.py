@@ -58,12 +58,20 @@ class _AfterImport(importlib.abc.MetaPathFinder):
 
 def watch_torch_distributed() -> None:
     """Patch torch.distributed now if it is already imported, else as soon as it is."""
-    module = sys.modules.get(TARGET)
+    after_import(TARGET, _on_distributed)
+
+
+def after_import(name: str, callback: Callable[[types.ModuleType], None]) -> None:
+    """callback(module) now if `name` is imported already, else right after it is."""
+    module = sys.modules.get(name)
     if module is not None:
-        _on_distributed(module)
+        try:
+            callback(module)
+        except Exception:  # the guard must never break the user's job
+            pass
         return
-    if not any(isinstance(f, _AfterImport) for f in sys.meta_path):
-        sys.meta_path.insert(0, _AfterImport(TARGET, _on_distributed))
+    if not any(isinstance(f, _AfterImport) and f.name == name for f in sys.meta_path):
+        sys.meta_path.insert(0, _AfterImport(name, callback))
 
 
 def _on_distributed(module: Any) -> None:

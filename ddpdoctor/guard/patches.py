@@ -120,11 +120,16 @@ def _joining(options: GuardOptions, kwargs: dict[str, Any]) -> "rank.RankGuard |
 
 
 def _group_index(function: Callable[..., Any]) -> int:
+    return parameter_index(function, "group")
+
+
+def parameter_index(function: Callable[..., Any], name: str) -> int:
+    """The position of `name` among the function's parameters, -1 when it has none so named."""
     try:
         names = list(inspect.signature(function).parameters)
     except (TypeError, ValueError):
         return -1
-    return names.index("group") if "group" in names else -1
+    return names.index(name) if name in names else -1
 
 
 def _describe(value: Any, tensor_type: type) -> str:
@@ -302,7 +307,7 @@ def _patch_optimizer() -> None:
 
     def after_step(optimizer: Any, args: Any, kwargs: Any) -> None:
         guard = rank.current
-        if guard is not None:
+        if guard is not None and not optimizer.__dict__.get("_ddpdoctor_counts_itself"):  # Horovod's: horovod.py
             guard.on_step()
             if guard.hash_due is not None:
                 for ddp in list(_models):

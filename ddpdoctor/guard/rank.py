@@ -18,7 +18,7 @@ import threading
 import time
 import weakref
 from collections import deque
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 from ddpdoctor.guard import frames
 from ddpdoctor.guard.options import ACTIVE_ENV, GuardOptions
@@ -433,18 +433,37 @@ class RankGuard:
 
 def start(options: GuardOptions) -> Optional[RankGuard]:
     """Become a guarded rank (called after init_process_group); None if the guard cannot run."""
+    def numbered() -> Optional[tuple[int, int, Optional[int], Optional[int]]]:
+        import torch.distributed as dist
+
+        if not dist.is_initialized():
+            return None
+        return dist.get_rank(), dist.get_world_size(), int_env("LOCAL_RANK"), int_env("LOCAL_WORLD_SIZE")
+
+    return _start(options, numbered)
+
+
+def start_as(options: GuardOptions, job_rank: int, world_size: int, local_rank: Optional[int],
+             local_world_size: Optional[int]) -> Optional[RankGuard]:
+    """Become a guarded rank as another framework numbers it (Horovod, after hvd.init())."""
+    if options.rank0_hosts:
+        return None  # in-code use meets rank 0 through torch's store: a torch process group only
+    return _start(options, lambda: (job_rank, world_size, local_rank, local_world_size))
+
+
+def _start(options: GuardOptions,
+           numbered: Callable[[], Optional[tuple[int, int, Optional[int], Optional[int]]]]) -> Optional[RankGuard]:
     global current
     with _start_lock:
         if current is not None and current.joined:
             return current
         if current is None and os.environ.get(ACTIVE_ENV) == str(os.getpid()):
             return None
-        import torch.distributed as dist
-
-        if not dist.is_initialized():
+        ids = numbered()
+        if ids is None:
             return None
+        job_rank, world_size, local_rank, local_world_size = ids
         frames.skip_torch_frames()
-        job_rank, world_size = dist.get_rank(), dist.get_world_size()
         guard = current
         if guard is not None and (guard.closed or (guard.rank, guard.world_size) != (job_rank, world_size)):
             guard.close()  # said hello as another rank than the process group made it: start over
@@ -457,7 +476,7 @@ def start(options: GuardOptions) -> Optional[RankGuard]:
                 if met is None:
                     return None
                 options = met
-            guard = RankGuard(options, job_rank, world_size, int_env("LOCAL_RANK"), int_env("LOCAL_WORLD_SIZE"))
+            guard = RankGuard(options, job_rank, world_size, local_rank, local_world_size)
             try:
                 guard.connect()
             except OSError as error:

@@ -32,8 +32,9 @@ GUARD_CODES = frozenset(f"GRD00{n}" for n in range(1, 8))
 # collectives, epochs, Join entries, collectives of the whole world.
 COUNTS = 8
 # Replica hashes: before the forward after every --every steps (parameters and buffers), or after
-# the last step of an epoch or of the run (parameters only).
-HASH_KINDS = ("forward", "end")
+# the last step of an epoch or of the run (parameters only), or right after every --every steps under
+# Horovod (parameters only).
+HASH_KINDS = ("forward", "end", "step")
 _GROUP = re.compile(r"[0-9]+(,[0-9]+)*")
 
 
@@ -132,7 +133,7 @@ def _hashes(value: Any) -> dict[str, Any]:
     values = [_int(v, "a digest", -MAX_HASH, MAX_HASH) for v in _list(value.get("values"), "values", MAX_TENSORS)]
     kind = value.get("kind", "forward")
     if kind not in HASH_KINDS:
-        raise BadMessage("a hash report's kind is not 'forward' or 'end'")
+        raise BadMessage("a hash report's kind is not 'forward', 'end' or 'step'")
     return {"step": _int(value.get("step"), "step"), "kind": kind, "names": names, "values": values,
             "path": _text(value.get("path", "<unknown>"), "path"), "line": _int(value.get("line", 0), "line")}
 

@@ -1,8 +1,8 @@
 """Injected by `ddpdoctor guard` (its directory heads PYTHONPATH) into every Python process of the job.
 
-It only registers an import hook; torch is not imported here. When the process imports
+It only registers import hooks; neither torch nor Horovod is imported here. When the process imports
 torch.distributed, the guard wraps its collectives, and a rank starts reporting once it calls
-init_process_group. Whatever goes wrong, the user's job runs as it would unguarded. A
+init_process_group; when it imports horovod.torch, likewise Horovod's, from hvd.init() on. Whatever goes wrong, the user's job runs as it would unguarded. A
 `sitecustomize` further down the path (a virtualenv's, a cluster's) still runs afterwards.
 """
 
@@ -15,12 +15,14 @@ def _ddpdoctor_guard_bootstrap() -> None:
         return
     try:
         from ddpdoctor.guard.hooks import watch_torch_distributed
+        from ddpdoctor.guard.horovod import watch as watch_horovod
     except Exception:  # another interpreter, without ddpdoctor: stay out of the way
         return
-    try:
-        watch_torch_distributed()
-    except Exception:
-        pass
+    for watch in (watch_torch_distributed, watch_horovod):
+        try:
+            watch()
+        except Exception:
+            pass
 
 
 def _ddpdoctor_chain_sitecustomize() -> None:
