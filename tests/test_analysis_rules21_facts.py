@@ -78,6 +78,36 @@ def test_a_training_loop_is_no_evaluation() -> None:
     assert evaluation.unreduced_evaluations(model_of(source)) == []
 
 
+SCRIPT_EVAL = """\
+loader = DataLoader(ds, sampler={sampler})
+correct = 0
+{opening}
+    for x, y in loader:
+        correct += (model(x) == y).sum().item()
+{after}
+"""
+
+
+@pytest.mark.parametrize(
+    "sampler, opening, after, expected",
+    [
+        # a script's own final evaluation, at module level, under no_grad
+        ("DistributedSampler(ds)", "with torch.no_grad():", "print(correct / len(ds))", 1),
+        ("DistributedSampler(ds)", "with torch.inference_mode():", "best = correct", 1),
+        # combined after the loop, directly or through a helper named for it
+        ("DistributedSampler(ds)", "with torch.no_grad():", "dist.all_reduce(correct)\nprint(correct)", 0),
+        ("DistributedSampler(ds)", "with torch.no_grad():", "print(reduce_mean(correct))", 0),
+        # nothing reported; the whole data set; no sign that it evaluates (module-level code)
+        ("DistributedSampler(ds)", "with torch.no_grad():", "pass", 0),
+        ("None", "with torch.no_grad():", "print(correct)", 0),
+        ("DistributedSampler(ds)", "if True:", "print(correct)", 0),
+    ],
+)
+def test_a_module_level_evaluation_of_a_script(sampler: str, opening: str, after: str, expected: int) -> None:
+    source = SCRIPT_EVAL.format(sampler=sampler, opening=opening, after=after)
+    assert len(evaluation.unreduced_evaluations(model_of(source))) == expected
+
+
 @pytest.mark.parametrize(
     "caller, expected",
     [
