@@ -16,7 +16,7 @@ RULES = ANALYSIS.parent / "rules"
 PACKAGE = "ddpdoctor.lint.analysis"
 
 # Bottom first. A module may import only the ones before it.
-LAYERS = ["syntax", "imports", "launchfiles", "model", "collectives", "conditions", "callorder", "lazy", "stepping", "reads", "launch", "harness", "ranks", "launcher_env", "devices", "summaries", "divergence",
+LAYERS = ["syntax", "imports", "launchfiles", "model", "collectives", "conditions", "callorder", "lazy", "stepping", "reads", "launch", "harness", "ranks", "launcher_env", "devices", "summaries", "checkpoint_loads", "divergence",
           "sharding", "evaluation", "rank_arguments", "shared_writes", "project"]
 
 
