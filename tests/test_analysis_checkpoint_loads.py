@@ -83,3 +83,16 @@ def test_a_star_import_links_only_names_it_may_provide(tmp_path: pathlib.Path) -
     assert linked["restore"] is not None and linked["restore"][1].name == "restore"
     assert linked["print"] is None and linked["len"] is None and linked["os.getcwd"] is None
     assert not any(model.may_link(c) for c in model.calls if c.dotted in ("print", "len"))
+
+
+def test_a_relative_star_import_is_not_followed(tmp_path: pathlib.Path) -> None:
+    """A library's `from .api import *` re-exports its own API: not followed (as re-exports are not)."""
+    package = tmp_path / "pkg"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "helpers.py").write_text(HELPERS)
+    source = "from .helpers import *\nrestore('w.pt', None)\n"
+    main = package / "train.py"
+    main.write_text(source)
+    model = build_analysis(cst.parse_module(source), str(main), project=ProjectSources.for_paths([tmp_path]))
+    assert [model.linked_function(c) for c in model.calls] == [None]

@@ -1613,10 +1613,15 @@ class ModuleModel:
             bool(self._import_candidates(written)) or self._may_come_from_star_import(written)
         )
 
+    def _absolute_star_imports(self) -> bool:
+        return any(not level and module is not None and not module.startswith("torch") for module, level in self.star_imports)
+
     def _may_come_from_star_import(self, written: str) -> bool:
         """A plain name this module neither defines, assigns nor imports by name, nor a builtin, in a
-        module with a star import (`from train_base import *` then `load_dicts(...)`)."""
-        return bool(self.star_imports) and "." not in written and written not in self.imports and (
+        module with an absolute star import (`from train_base import *` then `load_dicts(...)`). A
+        library's relative star imports (`from .api import *`) are many and re-export its own API: not
+        followed, as with re-exports."""
+        return self._absolute_star_imports() and "." not in written and written not in self.imports and (
             written not in self._assignments_by_target and written not in _BUILTIN_NAMES
             and not any(f.name == written and f.parent is None for f in self.functions)
         )
@@ -1702,6 +1707,8 @@ class ModuleModel:
                     return other, function
         if self.project is not None and self._may_come_from_star_import(written):
             for module, level in self.star_imports:
+                if level:
+                    continue
                 path = self.project.resolve(Path(self.path), module, level)
                 star = self.project_model(path) if path is not None else None
                 if star is None:
