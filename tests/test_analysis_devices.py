@@ -239,3 +239,23 @@ def test_visible_devices_set_by_a_called_project_helper(tmp_path: pathlib.Path) 
 def test_one_visible_gpu_per_process(source: str, expected: bool) -> None:
     model = build_analysis(cst.parse_module(PRELUDE + textwrap.dedent(source)))
     assert devices.one_visible_gpu_per_process(model) is expected
+
+
+@pytest.mark.parametrize(
+    "mapping, expected",
+    [
+        # the values are where the tensors land; the keys, where they were saved
+        ("{'cuda:%d' % 0: 'cuda:%d' % rank}", [("expr", "rank")]),
+        ("{'cuda:0': f'cuda:{rank}', 'cuda:1': f'cuda:{rank}'}", [("expr", "rank"), ("expr", "rank")]),
+        ("{'cuda:1': 'cuda:0'}", [("literal", "'cuda:0'")]),
+        ("{'cuda:0': 'cpu'}", [("other", "'cpu'")]),
+        ("{}", [("other", "{}")]),
+        ("{**saved}", [("other", "{**saved}")]),
+    ],
+)
+def test_map_location_dict_maps_onto_its_values(mapping: str, expected: list[tuple[str, str]]) -> None:
+    source = PRELUDE + f"rank = dist.get_rank()\nsaved = {{}}\ntorch.load('w.pt', map_location={mapping})\n"
+    model = build_analysis(cst.parse_module(source))
+    load = next(c for c in model.calls if c.name == "torch.load")
+    indices = devices.device_indices(model, load.arg(keyword="map_location"), load.order, load.function, ints=False)
+    assert [(i.kind, model.code_of(i.node)) for i in indices] == expected

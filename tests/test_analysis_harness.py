@@ -29,3 +29,24 @@ def test_a_class_body_of_a_test_case_is_in_it() -> None:
     source = "import torch\nclass TestDevices:\n    device = torch.device('cuda:0')\nclass Config:\n    device = torch.device('cuda:0')\n"
     model = build_analysis(cst.parse_module(source))
     assert [harness.in_test_case(c) for c in model.calls] == [True, False]
+
+
+@pytest.mark.parametrize(
+    "name, source, expected",
+    [
+        # named like a test, and holding test cases or no entry point of its own: a test suite
+        ("ddp_test.py", "def test_allreduce():\n    pass\n", True),
+        ("ddp_test.py", "def main():\n    pass\n", True),
+        ("test_ddp.py", "class TestDDP:\n    pass\nif __name__ == '__main__':\n    TestDDP()\n", True),
+        ("test_ddp.py", "class DDPTests:\n    pass\nif __name__ == '__main__':\n    DDPTests()\n", True),
+        ("conftest.py", "if __name__ == '__main__':\n    pass\n", True),
+        ("ddp_test.py", "import unittest\nif __name__ == '__main__':\n    unittest.main()\n", True),
+        ("train.py", "import pytest\n", True),
+        # a program that only says "test" in its name: a smoke run of the launch
+        ("torchrun_test.py", "def demo():\n    pass\nif __name__ == '__main__':\n    demo()\n", False),
+        ("test_launch.py", "def main():\n    pass\nif __name__ == '__main__':\n    main()\n", False),
+        ("train.py", "def main():\n    pass\n", False),
+    ],
+)
+def test_is_test_module(name: str, source: str, expected: bool) -> None:
+    assert harness.is_test_module(build_analysis(cst.parse_module(source), name)) is expected

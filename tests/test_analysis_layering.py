@@ -16,7 +16,7 @@ RULES = ANALYSIS.parent / "rules"
 PACKAGE = "ddpdoctor.lint.analysis"
 
 # Bottom first. A module may import only the ones before it.
-LAYERS = ["syntax", "imports", "launchfiles", "model", "collectives", "conditions", "callorder", "lazy", "stepping", "reads", "harness", "launch", "ranks", "launcher_env", "devices", "divergence", "summaries",
+LAYERS = ["syntax", "imports", "launchfiles", "model", "collectives", "conditions", "callorder", "lazy", "stepping", "reads", "launch", "harness", "ranks", "launcher_env", "devices", "divergence", "summaries", "checkpoint_loads",
           "sharding", "evaluation", "rank_arguments", "shared_writes", "project"]
 
 

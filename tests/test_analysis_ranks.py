@@ -75,6 +75,27 @@ def test_early_exit_guards_the_rest_of_the_block(exit_statement: str) -> None:
     assert runs(source) is Runs.RANK0
 
 
+@pytest.mark.parametrize(
+    ("test", "expected"),
+    [
+        # a hook that refuses to run in a job: what follows runs only in a one-process run
+        ("dist.get_world_size() != 1", Runs.SINGLE),
+        ("dist.get_world_size() > 1", Runs.SINGLE),
+        # it leaves only when the job is larger than two processes: two still get here
+        ("dist.get_world_size() > 2", Runs.ALL),
+    ],
+)
+def test_an_exit_unless_the_world_is_one_process(test: str, expected: Runs) -> None:
+    source = f"""
+    def dump():
+        if {test}:
+            raise RuntimeError("one process only")
+        target()
+    dump()
+    """
+    assert runs(source) is expected
+
+
 def test_continue_guards_the_rest_of_the_loop_body() -> None:
     source = """
     for batch in range(3):
@@ -95,6 +116,8 @@ def test_continue_guards_the_rest_of_the_loop_body() -> None:
         "'RANK' not in os.environ",
         "not dist.is_initialized()",
         "not (args.distributed or dist.is_initialized())",
+        "dist.get_world_size() == 1",
+        "utils.get_world_size() < 2",
     ],
 )
 def test_single_process_idioms(test: str) -> None:
@@ -103,7 +126,8 @@ def test_single_process_idioms(test: str) -> None:
 
 @pytest.mark.parametrize(
     "test",
-    ["args.world_size > 1", "args.local_rank != -1", "'RANK' in os.environ", "args.distributed", "dist.is_initialized()"],
+    ["args.world_size > 1", "args.local_rank != -1", "'RANK' in os.environ", "args.distributed", "dist.is_initialized()",
+     "dist.get_world_size() != 1"],
 )
 def test_the_else_of_a_distributed_check_is_single_process(test: str) -> None:
     assert runs(f"if {test}:\n    pass\nelse:\n    target()\n") is Runs.SINGLE
@@ -122,7 +146,8 @@ def test_elif_rank_not_in_environ_is_single_process() -> None:
 @pytest.mark.parametrize(
     "test",
     # true in distributed runs too: they decide nothing
-    ["args.gpu is not None", "'RANK' in os.environ", "world_size == 2", "args.distributed"],
+    ["args.gpu is not None", "'RANK' in os.environ", "world_size == 2", "args.distributed",
+     "dist.get_world_size() == 2", "dist.get_world_size(group) == 1", "len(devices()) == 1"],
 )
 def test_conditions_that_are_not_single_process(test: str) -> None:
     assert runs(f"if {test}:\n    target()\n") is Runs.ALL

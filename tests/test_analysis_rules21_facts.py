@@ -78,6 +78,36 @@ def test_a_training_loop_is_no_evaluation() -> None:
     assert evaluation.unreduced_evaluations(model_of(source)) == []
 
 
+SCRIPT_EVAL = """\
+loader = DataLoader(ds, sampler={sampler})
+correct = 0
+{opening}
+    for x, y in loader:
+        correct += (model(x) == y).sum().item()
+{after}
+"""
+
+
+@pytest.mark.parametrize(
+    "sampler, opening, after, expected",
+    [
+        # a script's own final evaluation, at module level, under no_grad
+        ("DistributedSampler(ds)", "with torch.no_grad():", "print(correct / len(ds))", 1),
+        ("DistributedSampler(ds)", "with torch.inference_mode():", "best = correct", 1),
+        # combined after the loop, directly or through a helper named for it
+        ("DistributedSampler(ds)", "with torch.no_grad():", "dist.all_reduce(correct)\nprint(correct)", 0),
+        ("DistributedSampler(ds)", "with torch.no_grad():", "print(reduce_mean(correct))", 0),
+        # nothing reported; the whole data set; no sign that it evaluates (module-level code)
+        ("DistributedSampler(ds)", "with torch.no_grad():", "pass", 0),
+        ("None", "with torch.no_grad():", "print(correct)", 0),
+        ("DistributedSampler(ds)", "if True:", "print(correct)", 0),
+    ],
+)
+def test_a_module_level_evaluation_of_a_script(sampler: str, opening: str, after: str, expected: int) -> None:
+    source = SCRIPT_EVAL.format(sampler=sampler, opening=opening, after=after)
+    assert len(evaluation.unreduced_evaluations(model_of(source))) == expected
+
+
 @pytest.mark.parametrize(
     "caller, expected",
     [
@@ -202,6 +232,12 @@ def written(body: str) -> list[str]:
         ("if not os.path.exists(out):\n    os.makedirs(out)", ["os.makedirs"]),
         ("if not os.path.exists(out):\n    os.makedirs(out, exist_ok=True)", []),
         ("os.makedirs(out)", []),  # no exists check: not the race this reports
+        # pathlib spells the same race
+        ("if not out.exists():\n    out.mkdir(parents=True)", ["Path.mkdir"]),
+        ("if not out.is_dir():\n    out.mkdir()", ["Path.mkdir"]),
+        ("if not out.exists():\n    out.mkdir(parents=True, exist_ok=True)", []),
+        ("if not root.exists():\n    out.mkdir()", []),  # another path's check
+        ("out.mkdir()", []),
         ("torchvision.datasets.MNIST(root, download=True)", ["torchvision.datasets.MNIST(download=True)"]),
         ("torchvision.datasets.MNIST(root, download=False)", []),
         ("torchvision.datasets.MNIST(f'{root}/{dist.get_rank()}', download=True)", []),
@@ -237,6 +273,28 @@ def test_the_parent_of_a_spawn_script_writes_once() -> None:
     )
     model = model_of(source)
     assert [model.line_of(w.call.node) for w in shared_writes.every_rank_writes(model)] == [HEAD.count("\n") + 3]
+
+
+@pytest.mark.parametrize(
+    "start, expected",
+    [
+        # once per GPU, in a loop: the hand-written launcher of NVIDIA's multiproc.py / waveglow
+        ("    for i in range(n):\n        subprocess.Popen([sys.executable, 'train.py', f'--rank={i}'])\n", []),
+        ("    for i in range(n):\n        subprocess.Popen([str(sys.executable)] + argv)\n", []),
+        ("    for i in range(n):\n        subprocess.Popen(['python', 'train.py'])\n", []),
+        # one command, not a process per worker; a loop running another program
+        ("    subprocess.Popen([sys.executable, 'eval.py'])\n", ["open(..., 'w')"]),
+        ("    for i in range(n):\n        subprocess.Popen(['nvidia-smi'])\n", ["open(..., 'w')"]),
+    ],
+)
+def test_a_function_starting_python_per_worker_is_the_parent(start: str, expected: list[str]) -> None:
+    source = (
+        "import subprocess\nimport sys\n"
+        "def init_distributed(rank, n):\n    dist.init_process_group('nccl', world_size=n, rank=rank)\n"
+        "def main(n, argv):\n    open('launch.log', 'w')\n" + start
+        + "main(2, [])\n"
+    )
+    assert [w.what for w in shared_writes.every_rank_writes(model_of(source))] == expected
 
 
 def test_a_horovod_spark_driver_writes_once_and_its_workers_on_every_rank() -> None:

@@ -38,7 +38,7 @@ from typing import Optional
 import libcst as cst
 
 from ddpdoctor.lint.analysis import callorder, collectives, conditions, devices, divergence, harness, launch, launcher_env, launchfiles, lazy, ranks, reads, sharding, stepping, summaries, syntax
-from ddpdoctor.lint.analysis import evaluation, rank_arguments, shared_writes
+from ddpdoctor.lint.analysis import checkpoint_loads, evaluation, rank_arguments, shared_writes
 from ddpdoctor.lint.analysis.imports import ProjectSources
 from ddpdoctor.lint.analysis.model import (
     MAX_DEPTH,
@@ -58,7 +58,7 @@ from ddpdoctor.lint.analysis.syntax import UNKNOWN, Expr, contains, dotted_name,
 __all__ = [
     "MAX_DEPTH", "UNKNOWN", "Assignment", "Call", "Context", "Expr", "Function", "Guard", "Loop",
     "ModuleModel", "ProjectSources", "Route", "Runs", "SubscriptStore", "WhoRuns", "build_analysis",
-    "callorder", "collectives", "conditions", "contains", "decided_by_guards", "devices", "divergence", "dotted_name", "evaluation", "harness", "launch", "launcher_env", "launchfiles", "lazy", "names_in", "rank_arguments", "ranks",
+    "callorder", "checkpoint_loads", "collectives", "conditions", "contains", "decided_by_guards", "devices", "divergence", "dotted_name", "evaluation", "harness", "launch", "launcher_env", "launchfiles", "lazy", "names_in", "rank_arguments", "ranks",
     "reaches_several_processes", "reads", "route_runs", "sharding", "shared_writes", "stepping", "summaries", "syntax", "walk", "who_runs",
 ]
 

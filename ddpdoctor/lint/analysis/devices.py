@@ -277,6 +277,15 @@ def _device_index_of(
             if isinstance(right, cst.Tuple) and len(right.elements) == 1:
                 right = right.elements[0].value
             return [DeviceIndex("expr", right, order, function)]
+    if isinstance(value, cst.Dict):
+        # `map_location={"cuda:0": f"cuda:{rank}"}`: each saved device (a key: where the tensors were,
+        # not a choice made here) is mapped to a value, the device they are loaded onto.
+        targets = [
+            index
+            for element in value.elements if isinstance(element, cst.DictElement)
+            for index in device_indices(model, element.value, order, function, ints, depth + 1, via)
+        ]
+        return targets or [DeviceIndex("other", value, order, function)]
     if isinstance(value, cst.Call):
         name = model.qualify(value.func)
         if name == "torch.device":

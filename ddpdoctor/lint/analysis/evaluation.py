@@ -64,7 +64,7 @@ class ShardEvaluation:
 
     loop: Loop
     loader: Call
-    function: Function
+    function: Optional[Function]  # None: a loop of the script's module-level code
     returned: bool  # its function returns a value (the score leaves it); else it only reports one
     main_process_only: bool  # only the main process runs it (on its own shard all the same)
 
@@ -80,7 +80,7 @@ def _unreduced_evaluations(model: ModuleModel) -> list[ShardEvaluation]:
     out: list[ShardEvaluation] = []
     for loop in model.loops:
         function = loop.function
-        if function is None or not is_evaluation_loop(model, loop):
+        if not is_evaluation_loop(model, loop):
             continue
         if any(contains(other, loop.order) for other in model.loops if other.function is function and other is not loop
                and is_evaluation_loop(model, other)):
@@ -89,7 +89,7 @@ def _unreduced_evaluations(model: ModuleModel) -> list[ShardEvaluation]:
         if not loaders or not all(loader_split(model, loader) for loader in loaders):
             continue
         results = loop_results(model, loop)
-        returned = bool(results) and any(
+        returned = function is not None and bool(results) and any(
             _mentions_results(model, value, function.end_order, function, results) for value in function.returns
         )
         if not returned and not _reports_from(model, loop):
@@ -107,13 +107,15 @@ def is_evaluation_loop(model: ModuleModel, loop: Loop) -> bool:
     under `torch.no_grad()` / `inference_mode()` (a `with` or a decorator), after `model.eval()` in
     its function, or in a function named for evaluating (`validate`, `evaluate`, `test`)."""
     function = loop.function
-    if function is None:
-        return False
     inside = model.calls_within(loop)
     if any(call.attr in ("backward", "step", "zero_grad") for call in inside):
         return False
     if any(under_no_grad(call) for call in inside):
         return True
+    if function is None:
+        # A script's module-level code: only `with torch.no_grad():` says "this evaluates" (a
+        # `model.eval()` somewhere above, or the module's name, says nothing about this loop).
+        return False
     if decorated_no_grad(function):
         return True
     if any(call.attr == "eval" and not call.args and call.order < loop.order for call in function.calls):
@@ -281,7 +283,8 @@ def reduced_from(model: ModuleModel, loop: Loop) -> bool:
     call, in a function that calls it (one level up, and one more)."""
     function = loop.function
     if function is None:
-        return True
+        # Module-level code: what runs after the loop in the script, helpers included.
+        return any(call.function is None and call.order > loop.order and reduces(model, call) for call in model.calls)
     if any(call.order > loop.order and reduces(model, call) for call in function.calls):
         return True
     return _reduced_by_callers(model, function, 0)

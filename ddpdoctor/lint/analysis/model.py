@@ -61,6 +61,8 @@ MAX_DEPTH = 6
 # How many distinct value-following questions one module may ask before every further one
 # answers "unknown": a hard ceiling on analysis time for pathological files.
 STEP_BUDGET = 200_000
+# Names no star import of a project module can be what a call means (`print(...)`, `len(...)`).
+_BUILTIN_NAMES = frozenset(dir(builtins))
 _BUILTINS = frozenset(dir(builtins))
 # How many distinct paths one value may arrive by before following it gives up.
 MAX_ROUTES = 64
@@ -1638,7 +1640,22 @@ class ModuleModel:
         imports from outside torch (`helper(...)`, `utils.helper(...)`), the only calls it can link.
         Reads no other module."""
         written = dotted_name(call.node.func)
-        return self.project is not None and written is not None and bool(self._import_candidates(written))
+        return self.project is not None and written is not None and (
+            bool(self._import_candidates(written)) or self._may_come_from_star_import(written)
+        )
+
+    def _absolute_star_imports(self) -> bool:
+        return any(not level and module is not None and not module.startswith("torch") for module, level in self.star_imports)
+
+    def _may_come_from_star_import(self, written: str) -> bool:
+        """A plain name this module neither defines, assigns nor imports by name, nor a builtin, in a
+        module with an absolute star import (`from train_base import *` then `load_dicts(...)`). A
+        library's relative star imports (`from .api import *`) are many and re-export its own API: not
+        followed, as with re-exports."""
+        return self._absolute_star_imports() and "." not in written and written not in self.imports and (
+            written not in self._assignments_by_target and written not in _BUILTIN_NAMES
+            and not any(f.name == written and f.parent is None for f in self.functions)
+        )
 
     def linked_function(self, call: Call) -> Optional[tuple["ModuleModel", Function]]:
         """The function of another project module that `call` invokes, with that module's model:
@@ -1660,6 +1677,17 @@ class ModuleModel:
             for function in other.functions:
                 if function.name == name and function.parent is None and function.klass is None:
                     return other, function
+        if self.project is not None and self._may_come_from_star_import(written):
+            for module, level in self.star_imports:
+                if level:
+                    continue
+                path = self.project.resolve(Path(self.path), module, level)
+                star = self.project_model(path) if path is not None else None
+                if star is None:
+                    continue
+                for function in star.functions:
+                    if function.name == written and function.parent is None and function.klass is None:
+                        return star, function
         return None
 
     def _imported_from(self, written: str) -> list[tuple["ModuleModel", str]]:

@@ -501,6 +501,10 @@ def is_single_process_test(model: ModuleModel, test: cst.BaseExpression, negated
         # `"RANK" not in os.environ`: no launcher set this process up.
         return model.qualify(right) == "os.environ" and str(test.left.evaluated_value) in LAUNCHER_ENV
     last = last_segment(dotted_name(test.left) or "").lower()  # `RANK == -1` (yolov5) as well
+    if isinstance(test.left, cst.Call) and not test.left.args:
+        # `dist.get_world_size() == 1`; the early exit `if dist.get_world_size() != 1: raise ...`
+        # leaves the rest of its function to a one-process run.
+        last = last_segment(model.qualify(test.left.func) or dotted_name(test.left.func) or "").lower()
     if last.endswith("rank") and isinstance(operator, cst.Equal):
         return literal_int(right) == -1
     if "world_size" in last or last in ("num_gpus", "n_gpus", "num_processes"):

@@ -39,6 +39,10 @@ from ddpdoctor.lint.analysis.syntax import dotted_name, flatten_boolean, last_se
 NUMPY_WRITES = frozenset({"numpy.save", "numpy.savez", "numpy.savez_compressed", "numpy.savetxt"})
 MKDIR_CALLS = frozenset({"os.mkdir", "os.makedirs"})
 EXISTS_CALLS = frozenset({"os.path.exists", "os.path.isdir", "os.path.isfile"})
+# pathlib's spelling of the same race: `if not out.exists(): out.mkdir(parents=True)`.
+PATH_EXISTS_METHODS = frozenset({"exists", "is_dir"})
+# Calls that start a process running a command (`[sys.executable, "train.py", f"--rank={i}"]`).
+SUBPROCESS_CALLS = frozenset({"subprocess.Popen", "subprocess.run", "subprocess.call", "subprocess.check_call"})
 TEMP_PREFIXES = ("tempfile.",)
 # Context managers that let the main process go first and the others follow (a barrier inside), or
 # that let one process at a time in (`with FileLock(...):`, `with lock:`).
@@ -74,6 +78,10 @@ def candidate_writes(model: ModuleModel) -> list[SharedWrite]:
             exist_ok = call.arg(2, "exist_ok")
             if not (isinstance(exist_ok, cst.Name) and exist_ok.value == "True"):
                 out.append(SharedWrite(call, call.arg(0, "path" if name == "os.mkdir" else "name"), last_segment(name).join(("os.", "")), "mkdir"))
+        elif call.name is None and call.attr == "mkdir" and _after_path_exists_check(model, call):
+            exist_ok = call.arg(2, "exist_ok")
+            if not (isinstance(exist_ok, cst.Name) and exist_ok.value == "True"):
+                out.append(SharedWrite(call, call.receiver, "Path.mkdir", "mkdir"))
         else:
             download = call.arg(None, "download")
             if isinstance(download, cst.Name) and download.value == "True":
@@ -152,6 +160,20 @@ def _after_exists_check(model: ModuleModel, call: Call) -> bool:
     )
 
 
+def _after_path_exists_check(model: ModuleModel, call: Call) -> bool:
+    """`out.mkdir()` under a test of `out.exists()` / `out.is_dir()` on the same path object."""
+    receiver = call.receiver
+    if receiver is None:
+        return False
+    path = model.code_of(receiver)
+    return any(
+        isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute)
+        and node.func.attr.value in PATH_EXISTS_METHODS and not node.args
+        and model.code_of(node.func.value) == path
+        for guard in call.ctx.guards for node in walk(guard.test)
+    )
+
+
 def rank_zero_first(model: ModuleModel, call: Call) -> bool:
     """The call runs after the main process has gone first: inside a `with` whose name says so
     (`main_process_first()`, `torch_distributed_zero_first(rank)`), or after a barrier that only the
@@ -186,9 +208,36 @@ def in_launcher_parent(model: ModuleModel, call: Call) -> bool:
     `horovod.spark.run(train_fn)`), not in the ranks: in the function that makes the launching call,
     or at module level, of a script whose ranks are started so."""
     launches = model.calls_named(*LAUNCHER_CALLS)
-    if not launches:
-        return False
     function = call.function
-    if function is None:
-        return True
-    return any(launch.function is function for launch in launches)
+    if launches:
+        if function is None:
+            return True
+        if any(launch.function is function for launch in launches):
+            return True
+    # A launcher written by hand (NVIDIA's `multiproc.py`, waveglow's `distributed.py`): a function
+    # that starts the Python interpreter once per worker, in a loop, is the parent of the ranks,
+    # not one of them; the process group its module creates is created by the workers it starts.
+    return function is not None and any(
+        started.function is function and started.ctx.loops and _runs_python(model, started)
+        for started in model.calls_named(*SUBPROCESS_CALLS)
+    )
+
+
+def _runs_python(model: ModuleModel, call: Call) -> bool:
+    """The command a subprocess call runs starts with the Python interpreter (`sys.executable`,
+    `"python"`), written in the call or in the list variable it is given."""
+    command = call.arg(0, "args")
+    if command is None:
+        return False
+    for value, _, _ in model.leaf_values(command, call.order, call.function):
+        if isinstance(value, cst.BinaryOperation):
+            value = value.left  # `[sys.executable] + args_list`
+        if isinstance(value, (cst.List, cst.Tuple)) and value.elements:
+            first = value.elements[0].value
+            if isinstance(first, cst.Call) and dotted_name(first.func) == "str" and len(first.args) == 1:
+                first = first.args[0].value  # `[str(sys.executable)] + args_list`
+            if model.qualify(first) == "sys.executable":
+                return True
+            if isinstance(first, cst.SimpleString) and str(first.evaluated_value).startswith("python"):
+                return True
+    return False

@@ -59,7 +59,8 @@ class EvalOnShards(Rule):
             else:
                 what = (
                     f"each rank evaluates only its own shard here ({where}, a 1/world_size share of the data), and "
-                    f"the score this function {used} is never combined across ranks: every rank gets a different "
+                    f"the score {'this function' if found.function is not None else 'the script'} {used} is never "
+                    f"combined across ranks: every rank gets a different "
                     f"number, and the logged result, a best-checkpoint choice or a scheduler driven by it is one "
                     f"shard's, not the validation set's."
                 )

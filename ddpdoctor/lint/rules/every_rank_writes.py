@@ -40,11 +40,11 @@ class EveryRankWrites(Rule):
                     f"before it and `if rank == 0: dist.barrier()` after it (or download once before launching)."
                 )
             elif write.kind == "mkdir":
+                tolerant = "path.mkdir(parents=True, exist_ok=True)" if write.what == "Path.mkdir" else "os.makedirs(path, exist_ok=True)"
                 message = (
                     f"{write.what} after an exists check runs on every rank of this distributed script "
                     f"({where}): between one rank's check and its mkdir another rank creates the folder, and the "
-                    f"mkdir fails with FileExistsError. Use os.makedirs(path, exist_ok=True), or make it on the "
-                    f"main process only."
+                    f"mkdir fails with FileExistsError. Use {tolerant}, or make it on the main process only."
                 )
             else:
                 message = (

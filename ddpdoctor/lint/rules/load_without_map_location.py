@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import os
 from typing import Optional
 
 import libcst as cst
 
 from ddpdoctor.findings import Edit, Fix
-from ddpdoctor.lint.analysis import MAX_DEPTH, Call, Function, Runs, devices, dotted_name, launch, who_runs
+from ddpdoctor.lint.analysis import MAX_DEPTH, Call, Function, Runs, checkpoint_loads, devices, dotted_name, launch, who_runs
 from ddpdoctor.lint.rules.base import Rule
 
 LOAD = "torch.load"
@@ -40,6 +41,7 @@ class LoadWithoutMapLocation(Rule):
     context_words = launch.LAUNCH_WORDS
 
     def check(self) -> None:
+        self._check_helpers()
         model = self.model
         loads = [c for c in model.calls_named(LOAD) if not self._has_map_location(c)]
         if not loads:
@@ -70,6 +72,24 @@ class LoadWithoutMapLocation(Rule):
                 f"holds a copy per process and can run out of memory on resume. Pass map_location "
                 f"(\"cpu\", or this process's own device).",
                 fix=self._fix(load),
+            )
+
+    def _check_helpers(self) -> None:
+        """Every rank calls a function of another project module that restores a checkpoint it
+        loaded without map_location: reported at the call (the helper's module cannot know)."""
+        model = self.model
+        if launch.multiprocess_evidence(model) is None or devices.one_visible_gpu_per_process(model):
+            return
+        for found in checkpoint_loads.helper_loads(model):
+            if not (devices.uses_cuda(model) or devices.uses_cuda(found.module)):
+                continue
+            where = f"{os.path.basename(found.module.path)} line {found.module.line_of(found.load.node)}"
+            self.report(
+                found.site.node,
+                f"{found.helper.name}() runs on every rank of this multi-process CUDA script and restores a "
+                f"checkpoint loaded by torch.load without map_location ({where}): every process deserialises it "
+                f"onto the GPU it was saved from (usually cuda:0), so GPU 0 holds a copy per process and can run "
+                f"out of memory on resume. Pass map_location (\"cpu\", or this process's own device) there.",
             )
 
     @staticmethod
