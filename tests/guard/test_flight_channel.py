@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import pickle
+import sys
 from pathlib import Path
 from typing import Any, Optional
 
@@ -33,12 +34,27 @@ def test_the_recorder_is_sized_unless_the_user_sized_it() -> None:
         assert environ == mine
 
 
-@pytest.mark.parametrize("size, has_dumper, expected", [
-    ("100", True, True), ("0", True, False), ("junk", True, False), ("100", False, False), (None, True, False)])
-def test_recording_needs_a_buffer_and_torchs_dump(monkeypatch: pytest.MonkeyPatch, size: Optional[str],
-                                                  has_dumper: bool, expected: bool) -> None:
+@pytest.mark.parametrize("size, has_dumper, group_up, expected", [
+    ("100", True, True, True), ("0", True, True, False), ("junk", True, True, False), ("100", False, True, False),
+    (None, True, True, False), ("100", True, False, False)])
+def test_recording_needs_a_buffer_torchs_dump_and_a_torch_process_group(
+        monkeypatch: pytest.MonkeyPatch, size: Optional[str], has_dumper: bool, group_up: bool, expected: bool) -> None:
+    """A Horovod rank has torch's recorder and the guard's buffer size, but no torch process group: nothing of
+    its collectives is recorded, so it must not say it records (the guard would wait for it at a mismatch)."""
     monkeypatch.setattr(live, "_dumper", lambda: (lambda: b"") if has_dumper else None)
+    monkeypatch.setattr(live, "_process_group_up", lambda: group_up)
     assert live.recording({} if size is None else {"TORCH_FR_BUFFER_SIZE": size}) is expected
+
+
+def test_a_torch_process_group_is_up_only_once_initialised(monkeypatch: pytest.MonkeyPatch) -> None:
+    import types
+
+    monkeypatch.setitem(sys.modules, "torch.distributed", types.SimpleNamespace(is_initialized=lambda: False))
+    assert not live._process_group_up()
+    monkeypatch.setitem(sys.modules, "torch.distributed", types.SimpleNamespace(is_initialized=lambda: True))
+    assert live._process_group_up()
+    monkeypatch.setitem(sys.modules, "torch.distributed", None)
+    assert not live._process_group_up()
 
 
 def test_a_snapshot_is_torchs_record_pruned_to_what_is_quoted_and_what_the_guard_accepts() -> None:

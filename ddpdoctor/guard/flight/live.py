@@ -50,11 +50,22 @@ def turn_on(environ: "MutableMapping[str, str]" = os.environ) -> None:
 
 
 def recording(environ: "MutableMapping[str, str]" = os.environ) -> bool:
-    """Whether torch records this rank's collectives: it has a recorder, and a buffer above 0 entries."""
+    """Whether torch records this rank's collectives: it has a recorder, a buffer above 0 entries, and a torch
+    process group to record (a Horovod job has none: its collectives never reach the recorder, and a rank that
+    said it records would have the guard wait for an empty record at every mismatch)."""
     size = next((environ[name] for name in BUFFER_ENV if name in environ), "0")
     try:
-        return int(size) > 0 and _dumper() is not None
+        return int(size) > 0 and _dumper() is not None and _process_group_up()
     except ValueError:
+        return False
+
+
+def _process_group_up() -> bool:
+    distributed = sys.modules.get("torch.distributed")
+    is_initialized = getattr(distributed, "is_initialized", None)
+    try:
+        return callable(is_initialized) and bool(is_initialized())
+    except Exception:  # noqa: BLE001 - a torch without the distributed package built: nothing to record
         return False
 
 
