@@ -224,3 +224,26 @@ def test_another_optimizer_under_a_plain_condition_still_makes_a_schedule() -> N
         """
     )
     assert stepping.alternating_schedule(model, _only(model, "step", "actor_opt"), model.loops[0])
+
+
+def _fixtures_with_backwards() -> list[str]:
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent / "fixtures"
+    return sorted(str(p) for code in ("DDP007", "DDP013", "HVD004", "AMP002") for p in (root / code).glob("*.py"))
+
+
+@pytest.mark.parametrize("path", _fixtures_with_backwards())
+def test_same_iteration_calls_is_the_scan_it_replaces(path: str) -> None:
+    """For every backward and every loop around it (and its function), the lookup gives exactly the calls
+    of the backward's own function inside that span, in source order, as scanning the module did."""
+    from ddpdoctor.lint.analysis.syntax import contains
+
+    model = build_analysis(cst.parse_module(open(path, encoding="utf-8").read()))
+    backwards = [c for c in model.calls if c.attr == "backward"]
+    assert backwards
+    for backward in backwards:
+        spans = [*backward.loops, *([backward.function] if backward.function is not None else [])]
+        for span in spans:
+            scanned = [c for c in model.calls if c.function is backward.function and contains(span, c.order)]
+            assert stepping.same_iteration_calls(model, backward, span) == scanned
