@@ -226,9 +226,9 @@ def _reduced(model: ModuleModel, node: cst.CSTNode, order: int, function: Option
     parts = name.split(".")
     prefixes = {".".join(parts[:i]) for i in range(1, len(parts) + 1)}
     return any(
-        other.function is function and other.order < order and _reduces_in_place(other)
+        other.order < order and _reduces_in_place(other)
         and any(dotted_name(arg.value) in prefixes for arg in other.args)
-        for other in model.calls
+        for other in model.scope_calls(function)
     )
 
 
@@ -260,8 +260,8 @@ def reaches_collective_after(model: ModuleModel, exit: Exit) -> Optional[Call]:
     loops = (exit.loops[-1],) if exit.kind in ("break", "continue") else exit.loops
     backward: Optional[Call] = None
     for loop in loops:
-        for call in model.calls:
-            if call.function is not exit.function or not contains(loop, call.order):
+        for call in model.scope_calls(exit.function):  # its own function's calls: a lookup, not the module's
+            if not contains(loop, call.order):
                 continue
             if exit.kind == "continue" and call.order < exit.order:
                 continue
@@ -277,8 +277,8 @@ def _after_in_function(model: ModuleModel, exit: Exit) -> Optional[Call]:
     runs on the ranks that do not leave (a per-batch `train_step` that returns before its backward
     on a NaN loss)."""
     backward: Optional[Call] = None
-    for call in model.calls:
-        if call.function is not exit.function or call.order < exit.order:
+    for call in model.scope_calls(exit.function):
+        if call.order < exit.order:
             continue
         found = _collective_through(model, call, 0)
         if found is not None and found.attr != "backward":

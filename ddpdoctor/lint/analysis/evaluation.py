@@ -96,7 +96,7 @@ def _unreduced_evaluations(model: ModuleModel) -> list[ShardEvaluation]:
             continue
         if reduced_from(model, loop):
             continue
-        inside = [c for c in model.calls if c.function is function and contains(loop, c.order)]
+        inside = [c for c in model.scope_calls(function) if contains(loop, c.order)]
         rank0 = bool(inside) and who_runs(model, inside[0]).runs is Runs.RANK0
         out.append(ShardEvaluation(loop, loaders[0], function, returned, rank0))
     return out
