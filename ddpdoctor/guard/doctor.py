@@ -355,6 +355,11 @@ class Doctor:
                 continue
             group, seq, since = state.inflight
             members = self._group_ranks(group)
+            if self._passed_by_another(group, seq, members):
+                # A member is already in (or past) a later call of this group, which it could not have reached
+                # without this rank in this one: this report is stale (a rank that stopped reporting mid-call,
+                # holding the GIL), and the stall is where that member waits.
+                continue
             waiting = {r for r in members if self.ranks.get(r) and self.ranks[r].inflight
                        and self.ranks[r].inflight[:2] == (group, seq)}  # type: ignore[index]
             calls = {r: self.ranks[r].recent[(group, seq)] for r in waiting if (group, seq) in self.ranks[r].recent}
@@ -377,6 +382,17 @@ class Doctor:
             self._ask(live_missing, 2 if live_missing else 0, 1.0, functools.partial(
                 self._stall_finding, group, seq, waiting, missing, calls, since, progress))
             return
+
+    def _passed_by_another(self, group: str, seq: int, members: list[int]) -> bool:
+        for r in members:
+            other = self.ranks.get(r)
+            if other is None:
+                continue
+            if other.inflight is not None and other.inflight[0] == group and other.inflight[1] > seq:
+                return True
+            if any(key[0] == group and key[1] > seq for key in other.recent):
+                return True
+        return False
 
     def _ask(self, ranks: set[int], samples: int, interval: float,
              build: Callable[[dict[int, list[list[tuple[str, int, str]]]]], Optional[Finding]]) -> None:

@@ -474,3 +474,24 @@ def test_an_interrupted_job_is_not_judged_for_uneven_ends() -> None:
     h.doctor.interrupted = True
     h.doctor.tick(final=True)
     assert h.codes() == []
+
+
+def test_a_rank_whose_last_report_is_a_call_the_others_have_passed_is_the_missing_one() -> None:
+    """Rank 1 reported itself inside collective #1 and then fell silent (it holds the GIL in C code: its
+    reporter never runs again); rank 0 has passed #1, which it could not have done alone, and waits in #2.
+    The stall is at #2, where rank 1 never arrived, not at rank 1's stale #1 (which named rank 0)."""
+    h = Harness(2, stall_timeout=3.0)
+    for rank in range(2):
+        h.call(rank, 0, "all_reduce", "float32[4]", 10)
+    h.state(1, ev=[["W", 1, "all_reduce", "float32[4]", "train.py", 10]], inflight=["W", 1, 0.0])
+    h.state(0, ev=[["W", 1, "all_reduce", "float32[4]", "train.py", 10]], inflight=None)
+    h.clock.now += 0.5
+    h.state(0, ev=[["W", 2, "all_reduce", "float32[4]", "train.py", 10]], inflight=["W", 2, 0.0])
+    h.clock.now += 2.6  # rank 1's stale #1 is past the stall timeout; rank 0's wait in #2 is not yet
+    h.state(0, inflight=["W", 2, 2.6])
+    h.doctor.tick()
+    assert h.sent == [] and h.codes() == []
+    h.clock.now += 0.5
+    h.state(0, inflight=["W", 2, 3.1])
+    h.doctor.tick()
+    assert h.sent == [(1, {"t": "stack"})]  # rank 1 is asked where it is; rank 0 is where the job waits
