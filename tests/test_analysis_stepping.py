@@ -234,7 +234,7 @@ def _fixtures_with_backwards() -> list[str]:
 
 
 @pytest.mark.parametrize("path", _fixtures_with_backwards())
-def test_same_iteration_calls_is_the_scan_it_replaces(path: str) -> None:
+def test_calls_of_within_is_the_scan_it_replaces(path: str) -> None:
     """For every backward and every loop around it (and its function), the lookup gives exactly the calls
     of the backward's own function inside that span, in source order, as scanning the module did."""
     from ddpdoctor.lint.analysis.syntax import contains
@@ -246,4 +246,4 @@ def test_same_iteration_calls_is_the_scan_it_replaces(path: str) -> None:
         spans = [*backward.loops, *([backward.function] if backward.function is not None else [])]
         for span in spans:
             scanned = [c for c in model.calls if c.function is backward.function and contains(span, c.order)]
-            assert stepping.same_iteration_calls(model, backward, span) == scanned
+            assert model.calls_of_within(backward.function, span) == scanned

@@ -23,7 +23,7 @@ import libcst as cst
 from ddpdoctor.lint.analysis.collectives import collective_name
 from ddpdoctor.lint.analysis.model import Call, Function, Guard, Loop, ModuleModel, mentions
 from ddpdoctor.lint.analysis.ranks import Runs, decided_by_guards
-from ddpdoctor.lint.analysis.syntax import Expr, contains, dotted_name
+from ddpdoctor.lint.analysis.syntax import Expr, dotted_name
 from ddpdoctor.lint.analysis.syntax import exits as always_leaves
 
 # Calls that leave the process without an error: the launcher then waits for the other ranks,
@@ -260,9 +260,7 @@ def reaches_collective_after(model: ModuleModel, exit: Exit) -> Optional[Call]:
     loops = (exit.loops[-1],) if exit.kind in ("break", "continue") else exit.loops
     backward: Optional[Call] = None
     for loop in loops:
-        for call in model.scope_calls(exit.function):  # its own function's calls: a lookup, not the module's
-            if not contains(loop, call.order):
-                continue
+        for call in model.calls_of_within(exit.function, loop):
             if exit.kind == "continue" and call.order < exit.order:
                 continue
             found = _collective_through(model, call, 0)

@@ -96,7 +96,7 @@ def _unreduced_evaluations(model: ModuleModel) -> list[ShardEvaluation]:
             continue
         if reduced_from(model, loop):
             continue
-        inside = [c for c in model.scope_calls(function) if contains(loop, c.order)]
+        inside = model.calls_of_within(function, loop)
         rank0 = bool(inside) and who_runs(model, inside[0]).runs is Runs.RANK0
         out.append(ShardEvaluation(loop, loaders[0], function, returned, rank0))
     return out
@@ -178,8 +178,8 @@ def loop_results(model: ModuleModel, loop: Loop) -> frozenset[str]:
         a.target for a in model.assignments
         if a.function is loop.function and contains(loop, a.order) and a.kind in ("assign", "augassign", "annassign", "subscript", "unpack")
     }
-    for call in model.calls:
-        if call.function is loop.function and contains(loop, call.order) and call.attr in ACCUMULATING_METHODS:
+    for call in model.calls_of_within(loop.function, loop):
+        if call.attr in ACCUMULATING_METHODS:
             receiver = dotted_name(call.receiver) if call.receiver is not None else None
             if receiver is not None:
                 names.add(receiver)

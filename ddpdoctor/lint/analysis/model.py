@@ -1602,6 +1602,15 @@ class ModuleModel:
         end = span.end_order if until is None else min(span.end_order, until)
         return self._calls_between(function, span.order, end)
 
+    def calls_of_within(self, function: Optional[Function], span: Union[Loop, Function]) -> list[Call]:
+        """The calls `function`'s own body makes inside `span` (a loop, or a function), in source order:
+        bisected when the span is in that body, else that body's calls filtered. Asked per backward, per
+        exit or per loop, so it must not scan the module each time."""
+        own = span if isinstance(span, Function) else span.function
+        if own is function:
+            return self.calls_inside(span)
+        return [c for c in self.scope_calls(function) if contains(span, c.order)]
+
     def _calls_between(self, function: Optional[Function], start: int, end: int) -> list[Call]:
         """The calls of `function`'s own body numbered strictly between `start` and `end` (a loop's
         body), in source order; found by bisection, so asking per call site stays cheap."""

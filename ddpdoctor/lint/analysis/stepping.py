@@ -53,22 +53,12 @@ def is_accumulation_test(model: ModuleModel, guard: Guard, at: Call) -> bool:
     return any("accum" in name.lower() for name in names_in(guard.test))
 
 
-def same_iteration_calls(model: ModuleModel, backward: Call, loop: Union[Loop, Function]) -> list[Call]:
-    """The calls of `backward`'s own function inside `loop` (a loop around it, or a function), in source
-    order. A lookup (bisected, per scope), not a scan of the module for every backward: a file of N
-    training functions asked it N times over all of its calls, and its cost grew with N squared."""
-    own = loop if isinstance(loop, Function) else loop.function
-    if own is backward.function:
-        return model.calls_inside(loop)
-    return [c for c in model.scope_calls(backward.function) if contains(loop, c.order)]
-
-
 def conditional_step(model: ModuleModel, backward: Call, loop: Union[Loop, Function]) -> tuple[Optional[Call], Optional[Guard]]:
     """An optimizer step in the same iteration of `loop` as `backward` that runs only under an
     accumulation condition (`(i + 1) % accum_steps == 0`) which does not also guard the backward;
     with that condition. A step in the other branch of the backward's `if accum_steps > 1:` never
     runs in the same iteration, and does not count."""
-    for call in same_iteration_calls(model, backward, loop):
+    for call in model.calls_of_within(backward.function, loop):
         if call.receiver is None or call.attr != "step":  # `<anything>.step(...)`
             continue
         if stepped_optimizer(call) is None or exclusive(model, call, backward):
@@ -86,7 +76,7 @@ def clears_before(model: ModuleModel, backward: Call, loop: Union[Loop, Function
     as `backward`, before it, under no condition the backward does not share: what earlier
     iterations' backwards left is discarded, so nothing accumulates across iterations."""
     out: list[Call] = []
-    for call in same_iteration_calls(model, backward, loop):
+    for call in model.calls_of_within(backward.function, loop):
         if call.receiver is None or call.attr != "zero_grad" or call.order > backward.order:
             continue
         if all(guard in backward.ctx.guards for guard in call.ctx.guards if guard.order >= loop.order):
@@ -192,7 +182,7 @@ def helper_conditional_step(model: ModuleModel, backward: Call, loop: Union[Loop
     an optimizer only under an accumulation condition of its own (`amp.step_if_due(optimizer, i)`
     whose body runs `scaler.step(optimizer)` under `if i % self.accumulate == 0:`): the call, the
     step in the helper, its condition, and the optimizer as the caller names it."""
-    for call in same_iteration_calls(model, backward, loop):
+    for call in model.calls_of_within(backward.function, loop):
         if exclusive(model, call, backward):
             continue
         for helper in model.resolve_local_function(call):
